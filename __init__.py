@@ -1,0 +1,25 @@
+"""ComfyUI-TritonKit: Triton self-test, Triton attention, fp8 fallback casts.
+
+ComfyUI imports this folder as a package under whatever name it was cloned as, so every
+import inside is relative. Each feature registers on its own: one failing (a broken Triton,
+an old ComfyUI) never stops the others, and importing the pack never fails."""
+import importlib
+import logging
+
+log = logging.getLogger("TritonKit")
+
+NODE_CLASS_MAPPINGS = {}
+NODE_DISPLAY_NAME_MAPPINGS = {}
+WEB_DIRECTORY = "./web"
+
+_FEATURES = ("selftest",)
+
+for _name in _FEATURES:
+    try:
+        _mod = importlib.import_module(f".nodes.{_name}", __name__)
+        NODE_CLASS_MAPPINGS.update(_mod.NODE_CLASS_MAPPINGS)
+        NODE_DISPLAY_NAME_MAPPINGS.update(_mod.NODE_DISPLAY_NAME_MAPPINGS)
+    except Exception:
+        log.exception("TritonKit: could not load the %s nodes", _name)
+
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]

@@ -1,0 +1,65 @@
+"""How a Triton kernel of this pack gets launched on the tensors it is given.
+
+* CUDA tensors: the normal JIT path.
+* CPU tensors: the triton-cpu backend when it is installed (``TRITON_CPU_BACKEND=1``),
+  otherwise the Triton interpreter (``triton.runtime.interpreter.InterpretedFunction``),
+  which runs the same kernel source in numpy. The interpreter is how CI checks numerics
+  and how the self-test runs on machines without a GPU.
+
+Importing this module needs Triton; callers that must survive a broken Triton import it
+lazily and treat the ImportError like any other failure (see ``diagnostics.triage``).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import triton
+
+# Tests and CPU-only users can ask for the Triton path on CPU tensors (through the
+# interpreter) in the model-patching nodes, which otherwise fall back to torch on CPU.
+FORCE_CPU_ENV = "TRITONKIT_FORCE_TRITON_ON_CPU"
+
+
+def force_triton_on_cpu() -> bool:
+    return os.environ.get(FORCE_CPU_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def triton_cpu_backend_available() -> bool:
+    """True when the triton-cpu fork is installed and switched on (seed 002)."""
+    if os.environ.get("TRITON_CPU_BACKEND", "0") != "1":
+        return False
+    try:
+        from triton.backends import backends
+    except Exception:
+        return False
+    return "cpu" in backends
+
+
+def interpreter_active() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _interpreted(jit_fn):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    # ``jit_fn`` may be an Autotuner/Heuristics wrapper: unwrap to the JITFunction.
+    fn = jit_fn
+    while not hasattr(fn, "fn") or hasattr(fn.fn, "fn"):
+        fn = fn.fn
+    return InterpretedFunction(fn.fn)
+
+
+def kernel_for(jit_fn, device_type: str):
+    """The launchable object for ``jit_fn`` on tensors of ``device_type``."""
+    if device_type == "cpu" and not interpreter_active() and not triton_cpu_backend_available():
+        return _interpreted(jit_fn)
+    return jit_fn
+
+
+def cpu_mode() -> str:
+    """How Triton kernels run on CPU tensors in this process."""
+    if triton_cpu_backend_available():
+        return "triton-cpu backend"
+    return "Triton interpreter"
