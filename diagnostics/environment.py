@@ -88,6 +88,22 @@ def triton_for_torch(torch_version: str) -> tuple[int, int] | None:
     return (3, tv[1] - 4)
 
 
+def torch_declared_triton(requires: list[str] | None = None) -> tuple[int, int] | None:
+    """The Triton minor version the installed torch wheel itself requires (Linux wheels declare
+    ``triton==X.Y.Z``; Windows wheels declare none). ``requires`` defaults to torch's metadata."""
+    if requires is None:
+        from importlib import metadata
+        try:
+            requires = metadata.requires("torch") or []
+        except metadata.PackageNotFoundError:
+            return None
+    for req in requires:
+        m = re.match(r"^\s*(?:pytorch-)?triton\s*(?:==|~=|>=)\s*(\d+)\.(\d+)", req)
+        if m:
+            return (int(m.group(1)), int(m.group(2)))
+    return None
+
+
 def triton_distributions() -> dict[str, str]:
     """Installed distributions that provide the ``triton`` module: {name: version}."""
     from importlib import metadata
@@ -101,8 +117,11 @@ def triton_distributions() -> dict[str, str]:
     return found
 
 
-def triton_match(torch_version: str | None, distributions: dict[str, str], platform: str = sys.platform) -> dict:
-    want = triton_for_torch(torch_version) if torch_version else None
+def triton_match(torch_version: str | None, distributions: dict[str, str], platform: str = sys.platform,
+                 declared: tuple[int, int] | None = None) -> dict:
+    """Whether the installed Triton fits torch. ``declared`` is what torch's own metadata requires
+    (see torch_declared_triton), which beats the table where torch declares it."""
+    want = declared or (triton_for_torch(torch_version) if torch_version else None)
     wanted_name = "triton-windows" if platform == "win32" else "triton"
     res = {"expected": f"{wanted_name} {want[0]}.{want[1]}.x" if want else None, "ok": False, "problems": []}
     if torch_version and want is None:
@@ -133,8 +152,11 @@ def gpu_class(cc: tuple[int, int] | None) -> dict:
     if sm >= 100:
         return {"class": f"sm{sm}", "label": "Blackwell (RTX 50xx / B200)", "fp8_native": True, "bf16": True,
                 "triton": "needs Triton >= 3.3, torch >= 2.7, CUDA >= 12.8"}
+    if sm >= 90:
+        return {"class": f"sm{sm}", "label": "Hopper (H100/H200)", "fp8_native": True, "bf16": True,
+                "triton": "officially supported"}
     if sm >= 89:
-        return {"class": f"sm{sm}", "label": "Ada/Hopper (RTX 40xx, H100)", "fp8_native": True, "bf16": True,
+        return {"class": f"sm{sm}", "label": "Ada (RTX 40xx)", "fp8_native": True, "bf16": True,
                 "triton": "officially supported"}
     if sm >= 80:
         return {"class": f"sm{sm}", "label": "Ampere (RTX 30xx, A100)", "fp8_native": False, "bf16": True,

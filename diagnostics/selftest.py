@@ -105,7 +105,9 @@ def collect_environment(python_dir: str | None = None) -> dict:
     except Exception as exc:
         triton_error = classify(exc)
     rep["triton"] = {"version": triton_version, "module_dir": triton_dir, "distributions": dists,
-                     "match": envmod.triton_match(rep["torch"].get("version"), dists), "import_error": triton_error}
+                     "match": envmod.triton_match(rep["torch"].get("version"), dists,
+                                                 declared=envmod.torch_declared_triton()),
+                     "import_error": triton_error}
     cc = None
     gpu = {"name": None, "cc": None}
     if rep["torch"].get("cuda_available"):

@@ -92,6 +92,14 @@ def test_triton_match_on_windows_flags_plain_triton():
     assert not env.triton_match("2.9.0", {}, platform="linux")["ok"]
 
 
+def test_torch_declared_triton_beats_the_table():
+    req = ['triton==3.6.0; platform_system == "Linux"', "sympy>=1.13"]
+    assert env.torch_declared_triton(req) == (3, 6)
+    assert env.torch_declared_triton(["sympy"]) is None
+    assert env.triton_match("2.11.0", {"triton": "3.6.0"}, platform="linux", declared=(3, 6))["ok"]
+    assert not env.triton_match("2.11.0", {"triton": "3.5.1"}, platform="linux", declared=(3, 6))["ok"]
+
+
 @pytest.mark.parametrize("cc,cls,fp8,bf16", [((12, 0), "sm120", True, True), ((8, 9), "sm89", True, True),
                                              ((9, 0), "sm90", True, True), ((8, 6), "sm86", False, True),
                                              ((7, 5), "sm75", False, False), ((6, 1), "sm61", False, False)])
