@@ -22,4 +22,10 @@ for _name in _FEATURES:
     except Exception:
         log.exception("TritonKit: could not load the %s nodes", _name)
 
+# The Triton panel's HTTP routes: only inside a running ComfyUI server (nodes/routes.py checks).
+try:
+    importlib.import_module(".nodes.routes", __name__).register()
+except Exception:
+    log.exception("TritonKit: could not register the Triton panel's routes")
+
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]
