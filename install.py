@@ -1,12 +1,17 @@
-"""ComfyUI-TritonKit install script.
+"""ComfyUI-TritonKit install script: makes Triton work in the Python that runs ComfyUI.
 
-ComfyUI-Manager runs it after cloning (cwd = this folder, COMFYUI_PATH set, no stdin);
-users can run it by hand with the Python that runs ComfyUI:
+ComfyUI-Manager runs it after cloning (cwd = this folder, COMFYUI_PATH set, no stdin, no
+timeout); users can run it by hand with the Python that runs ComfyUI:
 
-    python_embeded\\python.exe custom_nodes\\ComfyUI-TritonKit\\install.py --check
+    python_embeded\\python.exe custom_nodes\\ComfyUI-TritonKit\\install.py
 
-``--check`` prints the environment report and the Triton self-test and changes nothing;
-it exits 0 when Triton works, 1 when it does not.
+Steps (one line each: done / ok / skipped why / FAILED why -> what to do): find the Python and its
+kind; include/ and libs/ into its folder; the vcredist DLLs; the Triton package matched to torch;
+stale Triton/Inductor caches; Windows long paths; the ten Windows hand-patches; the Triton self-test.
+It never asks anything without a terminal, deletes only inside its own staging folders and the two
+cache folders, and exits 0 only when Triton works.
+
+``--check`` does every detection, prints the self-test report and changes nothing.
 """
 from __future__ import annotations
 
@@ -35,20 +40,61 @@ def load_pack_module(name: str):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Make Triton work in this ComfyUI's Python, and check it.")
     p.add_argument("--check", action="store_true", help="only detect and report; change nothing")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where the self-test runs")
+    p.add_argument("--python-dir", metavar="DIR",
+                   help="set up the Python in DIR (the folder of python.exe, a venv, a prefix) instead of this one")
+    p.add_argument("--include-libs-from", metavar="PATH|URL",
+                   help="take include/ and libs/ from this folder, zip/nupkg file or URL")
+    p.add_argument("--clear-caches", action="store_true", help="clear the Triton and TorchInductor caches")
+    p.add_argument("--fix-vcredist", action="store_true",
+                   help="copy newer vcredist DLLs from System32 into the Python folder (keeping backups)")
+    p.add_argument("--no-pip", action="store_true", help="don't check, install or uninstall the Triton package")
+    p.add_argument("--yes", action="store_true",
+                   help="never ask (the default without a terminal, e.g. under ComfyUI-Manager)")
     return p.parse_args(argv)
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (ValueError, OSError):
+        return False
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    selftest = load_pack_module("diagnostics.selftest")
-    rep = selftest.full_report(device=args.device)
+    common = load_pack_module("installer.common")
+    steps = load_pack_module("installer.steps")
+    text = not args.json
+
+    def say(msg: str) -> None:
+        if text and not args.check:
+            print(msg, flush=True)
+
+    ctx = common.Context(check=args.check, assume_yes=args.yes, interactive=_stdin_is_terminal(),
+                         log=lambda m: say("  " + m))
+    opts = steps.Options(check=args.check, python_dir=args.python_dir, include_libs_from=args.include_libs_from,
+                         clear_caches=args.clear_caches, fix_vcredist=args.fix_vcredist, no_pip=args.no_pip,
+                         yes=args.yes, device=args.device, pack_dir=None if args.check else HERE,
+                         install_py=os.path.abspath(__file__))
+    out = steps.run(opts, ctx, emit=lambda r: say(r.line()))
     if args.json:
-        print(json.dumps(rep, indent=2, default=str))
-    else:
-        print(selftest.format_report(rep))
-    return 0 if rep["ok"] else 1
+        print(json.dumps(steps.to_json(out), indent=2, default=str))
+        return 0 if out["ok"] else 1
+    selftest = load_pack_module("diagnostics.selftest")
+    if args.check:
+        if out["report"]:
+            print(selftest.format_report(out["report"]))
+            print()
+        print("Set-up (install.py --check: nothing was changed):")
+        for r in out["steps"]:
+            print(r.line())
+    elif out["report"]:
+        print()
+        print(selftest.format_report(out["report"]))
+    print(steps.summary(out, args.check), flush=True)
+    return 0 if out["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -104,11 +104,18 @@ def torch_declared_triton(requires: list[str] | None = None) -> tuple[int, int] 
     return None
 
 
-def triton_distributions() -> dict[str, str]:
-    """Installed distributions that provide the ``triton`` module: {name: version}."""
+def triton_distributions(path: list[str] | None = None) -> dict[str, str]:
+    """Installed distributions that provide the ``triton`` module: {name: version}. ``path`` (folders
+    such as another Python's site-packages) is searched instead of the running interpreter's."""
     from importlib import metadata
 
     found = {}
+    if path is not None:
+        for dist in metadata.distributions(path=list(path)):
+            name = re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "")).lower()
+            if name in ("triton", "triton-windows", "triton-cpu", "pytorch-triton") and name not in found:
+                found[name] = dist.version
+        return found
     for name in ("triton", "triton-windows", "triton-cpu", "pytorch-triton"):
         try:
             found[name] = metadata.version(name)
