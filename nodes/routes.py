@@ -124,34 +124,41 @@ def cache_info() -> dict:
     return out
 
 
-def _refuse_reason(path: str) -> str | None:
-    """Why a cache folder must not be emptied, or None. The folders come from Triton's and
-    TorchInductor's own rules (and their environment variables), never from the client;
-    this guards against an environment variable pointing at something precious."""
-    if not path or not os.path.isabs(path):
-        return "not an absolute path"
+def _installer_caches():
+    """install.py's cache step (installer/caches.py), whose guards and deletion the panel shares."""
+    try:
+        from ..installer import caches
+        return caches if hasattr(caches, "empty_folder") and hasattr(caches, "refuse_reason") else None
+    except Exception:
+        return None
+
+
+def _local_refuse_reason(path: str) -> str | None:
     real = os.path.normpath(path)
     home = os.path.normpath(os.path.expanduser("~"))
     if real in (os.path.sep, home) or os.path.dirname(real) == real:
         return "refusing to empty a root or home folder"
     if len([p for p in real.replace("\\", "/").split("/") if p]) < 2:
         return "refusing to empty a top-level folder"
-    if os.path.islink(path):
-        return "is a symbolic link; links are not followed"
     return None
 
 
-def clear_folder(path: str) -> dict:
-    """Empties ``path`` (keeps the folder itself). Symbolic links inside are removed as links,
-    never followed, so nothing outside the folder is touched."""
-    res = {"path": path, "existed": os.path.isdir(path), "removed_bytes": 0, "removed_entries": 0, "errors": []}
-    if not res["existed"]:
-        return res
-    why = _refuse_reason(path)
-    if why:
-        res["errors"].append(f"{path}: {why}")
-        return res
+def refuse_reason(path: str) -> str | None:
+    """Why a cache folder must not be emptied, or None. The folders come from Triton's and
+    TorchInductor's own rules (and their environment variables), never from the client; this
+    guards against an environment variable pointing at something precious."""
+    if not path or not os.path.isabs(path):
+        return "not an absolute path"
+    inst = _installer_caches()
+    why = inst.refuse_reason(path, os.path.expanduser("~"), dict(os.environ)) if inst else _local_refuse_reason(path)
+    if why is None and os.path.islink(path):
+        why = f"{path} is itself a symbolic link (to {os.path.realpath(path)}); links are not followed"
+    return why
+
+
+def _local_empty_folder(path: str) -> tuple[int, list[str]]:
     environment, _ = _diag()
+    freed, errors = 0, []
     with os.scandir(path) as it:
         entries = list(it)
     for e in entries:
@@ -163,10 +170,30 @@ def clear_folder(path: str) -> dict:
             else:
                 size = st.st_size if not stat.S_ISLNK(st.st_mode) else 0
                 os.unlink(e.path)
-            res["removed_bytes"] += size
-            res["removed_entries"] += 1
+            freed += size
         except OSError as exc:
-            res["errors"].append(f"{e.path}: {exc.strerror or exc}")
+            errors.append(f"{e.path}: {exc.strerror or exc}")
+    return freed, errors
+
+
+def clear_folder(path: str) -> dict:
+    """Empties ``path`` (keeps the folder itself), with install.py's deletion when installer/ is
+    there: links inside are removed as links, never followed, so nothing outside is touched."""
+    res = {"path": path, "existed": os.path.isdir(path), "removed_bytes": 0, "removed_entries": 0, "errors": []}
+    if not res["existed"]:
+        return res
+    why = refuse_reason(path)
+    if why:
+        res["errors"].append(f"{path}: {why}")
+        return res
+    before = len(os.listdir(path))
+    inst = _installer_caches()
+    freed, errors = inst.empty_folder(path) if inst else _local_empty_folder(path)
+    res["removed_bytes"], res["errors"] = freed, list(errors)
+    try:
+        res["removed_entries"] = before - len(os.listdir(path))
+    except OSError:
+        pass
     return res
 
 

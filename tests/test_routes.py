@@ -241,18 +241,37 @@ def test_server_log_has_no_tracebacks_from_the_routes(srv):
 def test_clear_folder_refuses_dangerous_folders(tmp_path):
     from tritonkit.nodes import routes
 
-    assert routes._refuse_reason("/") and routes._refuse_reason(os.path.expanduser("~"))
-    assert routes._refuse_reason("/tmp") and routes._refuse_reason("relative/path")
+    # only the pure checks on precious folders: never call clear_folder on them
+    assert routes.refuse_reason("/") and routes.refuse_reason(os.path.expanduser("~"))
+    assert routes.refuse_reason("/tmp") and routes.refuse_reason("relative/path")
+    assert routes.refuse_reason(str(tmp_path / "cache")) is None
     real = tmp_path / "real"
     real.mkdir()
     (real / "f").write_text("x")
     link = tmp_path / "cache-link"
     link.symlink_to(real, target_is_directory=True)
     res = routes.clear_folder(str(link))
-    assert res["errors"] and "symbolic link" in res["errors"][0]
+    assert res["errors"] and "link" in res["errors"][0]
     assert (real / "f").exists()
     assert routes.clear_folder(str(tmp_path / "absent")) == {
         "path": str(tmp_path / "absent"), "existed": False, "removed_bytes": 0, "removed_entries": 0, "errors": []}
+
+
+def test_clear_folder_uses_the_installers_deletion(tmp_path, monkeypatch):
+    from tritonkit.nodes import routes
+
+    inst = routes._installer_caches()
+    if inst is None:
+        pytest.fail("installer/caches.py (install.py's cache step) should be importable from the pack")
+    calls = []
+    real_empty = inst.empty_folder
+    monkeypatch.setattr(inst, "empty_folder", lambda p: calls.append(p) or real_empty(p))
+    d = tmp_path / "cache"
+    (d / "sub").mkdir(parents=True)
+    (d / "sub" / "k.bin").write_bytes(b"z" * 100)
+    res = routes.clear_folder(str(d))
+    assert calls == [str(d)] and res["removed_bytes"] == 100 and res["removed_entries"] == 1, res
+    assert d.is_dir() and not any(d.iterdir())
 
 
 def test_report_json_is_strict():
