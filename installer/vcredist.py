@@ -6,6 +6,7 @@ while importing libtriton") when the Python folder carries older ``msvcp140.dll`
 versions come from the PE version resource, read with pefile."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 
@@ -18,6 +19,16 @@ BACKUP_DIR = "tritonkit-vcredist-backup"
 
 def pe_file_version(path: str) -> tuple[int, int, int, int] | None:
     """The FILEVERSION of a PE file's VS_FIXEDFILEINFO, or None (missing, not PE, no version resource)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _pe_file_version(os.path.abspath(path), (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+
+
+@functools.lru_cache(maxsize=256)
+def _pe_file_version(path: str, identity: tuple) -> tuple[int, int, int, int] | None:
+    # identity (size, times, inode) makes a replaced file a new cache entry
     import pefile
 
     try:
@@ -88,7 +99,7 @@ def step(python_folder: str, platform: str, ctx: Context, fix: bool = False) -> 
     inv = inventory(python_folder, ctx.system32)
     details = {n: {k: (fmt(v) if k in ("python", "system32") else v) for k, v in d.items()} for n, d in inv.items()}
     old = [n for n, d in inv.items() if d["python_present"] and _old(d["python"])]
-    no_sys = [n for n, d in inv.items() if not d["python_present"] and not d["system32_present"]]
+    no_sys = [n for n, d in inv.items() if ctx.system32 and not d["python_present"] and not d["system32_present"]]
     sys_old = [n for n, d in inv.items() if not d["python_present"] and d["system32_present"] and _old(d["system32"])]
     need = ".".join(map(str, MIN_VERSION))
     if not old:
@@ -102,7 +113,8 @@ def step(python_folder: str, platform: str, ctx: Context, fix: bool = False) -> 
         have = ", ".join(f"{n} {fmt(d['python'] if d['python_present'] else d['system32'])}"
                          f"{'' if d['python_present'] else ' (System32)'}" for n, d in inv.items()
                          if d["python_present"] or d["system32_present"])
-        return StepResult("vcredist", "ok", f"new enough (>= {need}): {have}", None, details)
+        unchecked = "" if ctx.system32 else "; System32 not checked (not on this machine)"
+        return StepResult("vcredist", "ok", f"new enough (>= {need}): {have}{unchecked}", None, details)
     listing = ", ".join(f"{n} {fmt(inv[n]['python'])}" for n in old)
     explain = (f"{listing} in {python_folder} older than {need}: Python loads these before System32's, and "
                "triton-windows' libtriton then fails with 'DLL load failed while importing libtriton'")
