@@ -12,7 +12,7 @@ NODE_CLASS_MAPPINGS = {}
 NODE_DISPLAY_NAME_MAPPINGS = {}
 WEB_DIRECTORY = "./web"
 
-_FEATURES = ("selftest",)
+_FEATURES = ("selftest", "attention")
 
 for _name in _FEATURES:
     try:

@@ -1,0 +1,188 @@
+"""Attention benchmark: TritonKit exact and 8-bit vs PyTorch SDPA (FA2 "flash" and cuDNN backends)
+and sageattention 1.0.6 (Triton, int8 QK), on the shapes of real diffusion models.
+
+TFLOPS = 4·B·H·L²·D / t (forward, non-causal). Times are whole calls as a ComfyUI node makes them:
+ours and Sage include their quantisation / smoothing pre-passes. Accuracy is measured on sampled
+query rows against a float64 reference: cosine similarity (global and worst row) and relative
+L2 error (global and worst row), on normal inputs and on inputs with DiT-like outlier channels.
+
+    python bench/attention.py [--dtype bf16|fp16] [--shapes flux,sdxl,...] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import types
+from pathlib import Path
+
+import torch
+import triton
+
+REPO = Path(__file__).resolve().parents[1]
+if "tritonkit" not in sys.modules:
+    _pkg = types.ModuleType("tritonkit")
+    _pkg.__path__ = [str(REPO)]
+    sys.modules["tritonkit"] = _pkg
+from tritonkit.kernels import attention as A  # noqa: E402
+
+SHAPES = {
+    "sdxl": (2, 10, 4096, 64),
+    "flux": (1, 24, 4608, 128),
+    "hunyuan": (1, 24, 16384, 128),
+    "wan14b": (1, 40, 32760, 128),
+    "sd15": (2, 8, 4096, 40),
+}
+
+
+def sdpa(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+
+    def f(q, k, v):
+        with sdpa_kernel([be]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    return f
+
+
+def sage():
+    try:
+        from sageattention import sageattn
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"
+
+    def f(q, k, v):
+        return sageattn(q, k, v, tensor_layout="HND", is_causal=False)
+    return f, None
+
+
+def ours(mode):
+    def f(q, k, v):
+        return A.attention(q, k, v, layout="bhld", mode=mode)
+    return f
+
+
+def make_inputs(shape, dtype, outliers, seed=0):
+    B, H, L, D = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.float32, generator=g) for _ in range(3))
+    if outliers:
+        ch = torch.randperm(D, device="cuda", generator=g)[: max(1, D // 16)]
+        k[..., ch] += 30.0 * torch.randn(len(ch), device="cuda", generator=g)
+        q[..., ch] *= 8.0
+        k *= 0.25
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def accuracy(out, q, k, v, rows):
+    qs = q[:, :, rows].double()
+    s = qs @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
+    ref = torch.softmax(s, -1) @ v.double()
+    o = out[:, :, rows].double()
+    o2, r2 = o.reshape(-1, o.shape[-1]), ref.reshape(-1, ref.shape[-1])
+    finite = bool(torch.isfinite(out).all())
+    cos_row = torch.nn.functional.cosine_similarity(o2, r2, dim=-1)
+    rel_row = (o2 - r2).norm(dim=-1) / r2.norm(dim=-1).clamp_min(1e-12)
+    return {"cos": torch.nn.functional.cosine_similarity(o.flatten(), ref.flatten(), dim=0).item(),
+            "min_row_cos": cos_row.min().item(), "rel": ((o - ref).norm() / ref.norm()).item(),
+            "max_row_rel": rel_row.max().item(), "finite": finite}
+
+
+def kernel_report(shape, dtype, mode):
+    """Registers, spills, shared memory and whether wgmma is used, for the config the autotune chose."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    B, H, L, D = shape
+    cc = A._device_cc(torch.device("cuda"))
+    bd = A.block_d_for(D)
+    int8 = mode == "int8"
+    key = [k for k in A.tune_cache() if k[2] == bd and k[3] == int8 and k[1] == str(dtype)]
+    cfg = A.tune_cache()[key[-1]] if key else A.candidates(cc, bd, 2, int8)[0]
+    kern, sig, consts, _ = A._spec(dtype, int8, D, cfg, (cc,))
+    ck = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=consts), target=GPUTarget("cuda", cc, 32),
+                        options={"num_warps": cfg[2], "num_stages": cfg[3]})
+    ck._init_handles()
+    ptx = ck.asm["ptx"]
+    return {"config": list(cfg), "n_regs": ck.n_regs, "n_spills": ck.n_spills, "shared": ck.metadata.shared,
+            "wgmma": "wgmma" in ptx, "mma_sync": "mma.sync" in ptx}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    dev = torch.cuda.get_device_name()
+    import importlib.metadata as md
+    try:
+        sage_v = md.version("sageattention")
+    except Exception:  # noqa: BLE001
+        sage_v = "not installed"
+    env = {"device": dev, "cc": A._device_cc(torch.device("cuda")), "torch": torch.__version__,
+           "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(), "sageattention": sage_v,
+           "dtype": str(dtype)}
+    print(json.dumps(env))
+    sage_fn, sage_err = sage()
+    methods = {"sdpa_fa2": sdpa("flash"), "sdpa_cudnn": sdpa("cudnn"), "sage1": sage_fn,
+               "ours_exact": ours("exact"), "ours_8bit": ours("int8")}
+    results = []
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        B, H, L, D = shape
+        flops = 4 * B * H * L * L * D
+        q, k, v = make_inputs(shape, dtype, False)
+        qo, ko, vo = make_inputs(shape, dtype, True, seed=1)
+        rows = torch.randperm(L, device="cuda")[:256].sort().values
+        row = {"shape": name, "BHLD": shape}
+        for mname, fn in methods.items():
+            if fn is None:
+                row[mname] = {"error": sage_err}
+                continue
+            try:
+                out = fn(q, k, v)
+                torch.cuda.synchronize()
+                acc = accuracy(out, q, k, v, rows)
+                del out
+                acc_o = accuracy(fn(qo, ko, vo), qo, ko, vo, rows)
+                ms = triton.testing.do_bench(lambda: fn(q, k, v), warmup=25, rep=args.rep)
+                row[mname] = {"ms": ms, "tflops": flops / ms / 1e9, **acc,
+                              "outliers": {k2: acc_o[k2] for k2 in ("cos", "min_row_cos", "rel", "finite")}}
+            except Exception as e:  # noqa: BLE001
+                row[mname] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}
+            torch.cuda.empty_cache()
+        for mode in ("exact", "int8"):
+            try:
+                row[f"kernel_{mode}"] = kernel_report(shape, dtype, mode)
+            except Exception as e:  # noqa: BLE001
+                row[f"kernel_{mode}"] = {"error": f"{type(e).__name__}: {e}"}
+        results.append(row)
+        print(json.dumps(row), flush=True)
+        del q, k, v, qo, ko, vo
+        torch.cuda.empty_cache()
+
+    # markdown table
+    names = list(methods)
+    print("\n| shape (B,H,L,D) | " + " | ".join(names) + " | ours/cuDNN exact | ours/cuDNN 8-bit |")
+    print("|---" * (len(names) + 3) + "|")
+    for r in results:
+        cells = []
+        for n in names:
+            m = r[n]
+            cells.append("n/a" if "error" in m else f"{m['tflops']:.0f} (cos {m['cos']:.5f})")
+        cud = r["sdpa_cudnn"].get("tflops")
+        ex = r["ours_exact"].get("tflops")
+        i8 = r["ours_8bit"].get("tflops")
+        ratio = (lambda a: f"{a / cud:.2f}x" if (a and cud) else "n/a")
+        print(f"| {r['shape']} {tuple(r['BHLD'])} | " + " | ".join(cells) + f" | {ratio(ex)} | {ratio(i8)} |")
+    print("\nautotune choices:", {str(k): v for k, v in A.tune_cache().items()})
+    if args.json:
+        Path(args.json).write_text(json.dumps({"env": env, "results": results,
+                                               "tune": {str(k): v for k, v in A.tune_cache().items()}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

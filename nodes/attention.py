@@ -1,0 +1,236 @@
+"""Triton Attention: MODEL -> MODEL, routes the model's attention through this pack's Triton
+kernel (exact or 8-bit) via ``transformer_options["optimized_attention_override"]`` on a clone.
+
+Every call the kernel can't serve (CPU tensors, dtype, head size, mask, ``low_precision_attention
+=False`` in 8-bit mode, a compile error, a broken Triton) goes to the function ComfyUI would have
+called, and each distinct reason is logged once. Counters of served / fallen-back calls live at
+module level (``stats()``) and are served at ``GET /tritonkit/attention/stats``."""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+
+import torch
+
+log = logging.getLogger("TritonKit")
+
+try:  # a broken Triton must not stop the node from loading: every call then falls back
+    from ..kernels import attention as A
+    from ..kernels.runtime import cpu_mode, force_triton_on_cpu
+    _IMPORT_ERROR = None
+except Exception as _e:  # noqa: BLE001
+    A = None
+    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
+
+MODES = ("auto", "exact", "8-bit")
+
+# auto picks 8-bit only where it pays and is safe: self-attention-like calls with long key
+# sequences and head size >= 64 (DiT / video models). Short or text cross-attention, SD1.5's
+# 40/80/160 heads, callers that ask for precision stay exact.
+AUTO_INT8_MIN_KEYS = 1024
+AUTO_INT8_MIN_HEAD = 64
+
+_lock = threading.Lock()
+_stats = Counter()
+_reasons = Counter()
+_logged: set = set()
+
+
+def stats() -> dict:
+    """Calls since start (or reset_stats): served / served_exact / served_int8 / fallback, and the
+    fallback reasons with their counts. Under torch.compile only traced calls are counted."""
+    with _lock:
+        return {**{k: _stats.get(k, 0) for k in ("served", "served_exact", "served_int8", "fallback")},
+                "reasons": dict(_reasons)}
+
+
+def reset_stats():
+    with _lock:
+        _stats.clear()
+        _reasons.clear()
+
+
+def _compiling() -> bool:
+    try:
+        return torch.compiler.is_compiling()
+    except Exception:
+        return False
+
+
+def _count(kind: str, reason: str | None = None):
+    if _compiling():
+        return
+    with _lock:
+        if kind == "fallback":
+            _stats["fallback"] += 1
+            _reasons[reason] += 1
+        else:
+            _stats["served"] += 1
+            _stats[f"served_{kind}"] += 1
+    if reason is not None and reason not in _logged:
+        _logged.add(reason)
+        log.warning("TritonKit attention: using ComfyUI's attention for %s (logged once per reason)", reason)
+
+
+def _bind(args, kwargs):
+    """ComfyUI's backend signature (q, k, v, heads, mask=None, attn_precision=None,
+    skip_reshape=False, skip_output_reshape=False, **kwargs), positional or keyword."""
+    names = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
+    alias = {"query": "q", "key": "k", "value": "v"}
+    b = {}
+    for name, val in zip(names, args):
+        b[name] = val
+    for key, val in kwargs.items():
+        b.setdefault(alias.get(key, key), val)
+    return b
+
+
+def plan(mode: str, b: dict, force_cpu: bool) -> tuple[str | None, str | None]:
+    """(kernel mode "exact"/"int8" or None, fallback reason or None) for one call."""
+    if A is None:
+        return None, f"Triton unavailable ({_IMPORT_ERROR})"
+    q, k, v = b.get("q"), b.get("k"), b.get("v")
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return None, "a call without q/k/v tensors"
+    if q.device.type == "cpu" and not force_cpu:
+        return None, "CPU tensors (the Triton path needs a GPU; TRITONKIT_FORCE_TRITON_ON_CPU=1 forces the interpreter)"
+    if q.device.type not in ("cuda", "cpu"):
+        return None, f"{q.device.type} tensors"
+    low_precision_ok = b.get("low_precision_attention", True) is not False
+    bhld = bool(b.get("skip_reshape", False))
+    heads = b.get("heads")
+    if not isinstance(heads, (int, torch.SymInt)):
+        return None, "heads not given as an int"
+    cc = A._device_cc(q.device)
+    if mode == "8-bit":
+        if not low_precision_ok:
+            return None, "low_precision_attention=False in 8-bit mode"
+        if not A.int8_supported(cc):
+            return None, f"8-bit attention on sm{cc} (needs sm80+; use exact)"
+        kmode = "int8"
+    elif mode == "exact":
+        kmode = "exact"
+    else:  # auto
+        D = q.shape[-1] if bhld else (q.shape[-1] // heads if heads else 0)
+        Lk = k.shape[-2] if bhld else (k.shape[1] if k.ndim == 3 else 0)
+        attn_precision = b.get("attn_precision")
+        kmode = "int8" if (low_precision_ok and A.int8_supported(cc) and attn_precision != torch.float32
+                           and D >= AUTO_INT8_MIN_HEAD and Lk >= AUTO_INT8_MIN_KEYS) else "exact"
+    reason = A.check_supported(q, k, v, heads, bhld, kmode, b.get("mask"))
+    if reason is not None:
+        return None, reason
+    return kmode, None
+
+
+def run_attention(kmode: str, b: dict):
+    bhld = bool(b.get("skip_reshape", False))
+    return A.attention(b["q"], b["k"], b["v"], b["heads"], mask=b.get("mask"),
+                       layout="bhld" if bhld else "bld",
+                       out_layout="bhld" if b.get("skip_output_reshape", False) else "bld",
+                       scale=b.get("scale"), mode=kmode)
+
+
+def make_override(mode: str):
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}")
+
+    def tritonkit_attention_override(func, *args, **kwargs):
+        b = _bind(args, kwargs)
+        kmode, reason = plan(mode, b, A is not None and force_triton_on_cpu())
+        if kmode is not None:
+            try:
+                out = run_attention(kmode, b)
+            except Exception as e:  # compile error, out of resources, ...
+                reason = f"kernel error ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+            else:
+                _count(kmode)
+                return out
+        _count("fallback", reason)
+        return func(*args, **kwargs)
+
+    tritonkit_attention_override.tritonkit_mode = mode
+    return tritonkit_attention_override
+
+
+def describe(mode: str, model) -> str:
+    """What the patched model will run, for the node's text."""
+    dev = getattr(model, "load_device", None)
+    lines = [f"Triton Attention: mode={mode}"]
+    if A is None:
+        lines.append(f"Triton unavailable ({_IMPORT_ERROR}): every call uses ComfyUI's attention")
+        return "\n".join(lines)
+    if dev is None or getattr(dev, "type", "cpu") != "cuda":
+        if force_triton_on_cpu():
+            lines.append(f"device: CPU, Triton forced ({cpu_mode()}; slow, for testing)")
+        else:
+            lines.append("device: CPU -> every call uses ComfyUI's attention (the kernels need a GPU)")
+            return "\n".join(lines)
+        cc = None
+    else:
+        cc = A._device_cc(dev)
+        lines.append(f"device: {torch.cuda.get_device_name(dev)} (sm{cc})")
+    if mode == "8-bit" and not A.int8_supported(cc):
+        lines.append("8-bit needs sm80+: calls use ComfyUI's attention; choose exact")
+    elif mode == "8-bit":
+        lines.append("kernel: int8 Q·K (smoothed K, per-row Q / per-block K scales), P·V fp16/bf16, fp32 accumulation")
+    elif mode == "exact":
+        lines.append("kernel: exact (fp32 softmax and accumulation)")
+    else:
+        lines.append(f"kernel: 8-bit for head size >= {AUTO_INT8_MIN_HEAD} and >= {AUTO_INT8_MIN_KEYS} keys"
+                     + ("" if A.int8_supported(cc) else " (not on this GPU)") + ", exact elsewhere")
+    lines.append(f"dtypes: {', '.join(str(d).replace('torch.', '') for d in A.supported_dtypes(cc))}; "
+                 f"head size <= {A.MAX_HEAD_DIM}; anything else uses ComfyUI's attention (logged once per reason)")
+    return "\n".join(lines)
+
+
+def patch_model(model, mode: str):
+    clone = model.clone()
+    topts = clone.model_options.setdefault("transformer_options", {})
+    topts["optimized_attention_override"] = make_override(mode)
+    return clone, describe(mode, model)
+
+
+class TritonAttention:
+    CATEGORY = "TritonKit"
+    FUNCTION = "patch"
+    RETURN_TYPES = ("MODEL",)
+    RETURN_NAMES = ("model",)
+    OUTPUT_TOOLTIPS = ("The model with its attention routed through the Triton kernel.",)
+    DESCRIPTION = ("Runs the model's attention through TritonKit's Triton FlashAttention kernel. exact: fp32 "
+                   "softmax/accumulation, same accuracy as PyTorch SDPA. 8-bit: int8 Q·K (SageAttention style), "
+                   "faster, cosine >= 0.999. auto: 8-bit on long self-attention with head size >= 64, exact "
+                   "elsewhere. Calls it can't serve use ComfyUI's attention (logged once). Put TorchCompileModel "
+                   "after it if you compile.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model": ("MODEL",),
+            "mode": (list(MODES), {"default": "auto", "tooltip":
+                     "auto: 8-bit where it is safe and pays (long self-attention, head size >= 64), exact "
+                     "elsewhere. exact: fp16/bf16 in, fp32 softmax. 8-bit: int8 Q·K everywhere it may."}),
+        }}
+
+    def patch(self, model, mode="auto"):
+        clone, text = patch_model(model, mode)
+        return {"ui": {"text": [text]}, "result": (clone,)}
+
+
+def _register_routes():
+    try:
+        from aiohttp import web
+        from server import PromptServer
+        routes = PromptServer.instance.routes
+    except Exception:
+        return
+
+    @routes.get("/tritonkit/attention/stats")
+    async def _attention_stats(request):
+        return web.json_response(stats())
+
+
+_register_routes()
+
+NODE_CLASS_MAPPINGS = {"TritonKitAttention": TritonAttention}
+NODE_DISPLAY_NAME_MAPPINGS = {"TritonKitAttention": "Triton Attention"}

@@ -1,0 +1,310 @@
+"""Triton attention kernels: numerics in the interpreter (CPU) over shapes, head sizes, masks,
+layouts, dtypes and modes against a float64 reference with poisoned outputs; the custom op under
+torch.compile; cross-compilation of every configuration for every arch; the same numerics on CUDA
+at real sizes (gpu marker)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compile_utils import ARCHS, compile_for
+from tritonkit.kernels import attention as A
+
+# exact: relative (Frobenius) error vs float64; int8: cosine similarity
+EXACT_TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2, torch.float32: 1e-4}
+INT8_COS = 0.999
+CPU_CFGS = [(16, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1), (32, 32, 4, 1)]
+
+
+def make_qkv(B, H, Hk, Lq, Lk, D, dtype, layout, gen, device="cpu", outliers=False):
+    def t(h, L):
+        x = torch.randn(B, h, L, D, generator=gen, dtype=torch.float32)
+        return x
+    q, k, v = t(H, Lq), t(Hk, Lk), t(Hk, Lk)
+    if outliers:
+        # DiT-like activations: a few channels with large magnitude (K gets a per-channel offset,
+        # which smoothing removes; Q gets large channels that stay)
+        ch = torch.randperm(D, generator=gen)[: max(1, D // 16)]
+        k[..., ch] += 30.0 * torch.randn(len(ch), generator=gen)
+        q[..., ch] *= 8.0
+        k = k * 0.25
+    q, k, v = (x.to(dtype).to(device) for x in (q, k, v))
+    if layout == "bld":
+        q, k, v = (x.transpose(1, 2).reshape(B, x.shape[2], -1) for x in (q, k, v))
+    return q, k, v
+
+
+def make_mask(kind, ndim, B, H, Lq, Lk, gen, device="cpu"):
+    if kind == "none":
+        return None
+    shape = {1: (Lk,), 2: (Lq, Lk), 3: (B, Lq, Lk), 4: (B, H, Lq, Lk), -4: (1, 1, Lq, Lk)}[ndim]
+    if kind == "bool":
+        return (torch.rand(shape, generator=gen) > 0.3).to(device)
+    m = torch.randn(shape, generator=gen) * 2
+    m[torch.rand(shape, generator=gen) < 0.2] = float("-inf")
+    m[torch.rand(shape, generator=gen) < 0.1] = -torch.finfo(torch.float32).max
+    return m.to(device)
+
+
+def check(out, ref, dtype, mode, what=""):
+    assert not torch.isnan(out).any() and not torch.isinf(out).any(), f"NaN/inf in output {what}"
+    o, r = out.double(), ref.double()
+    if mode == "exact":
+        err = ((o - r).norm() / r.norm().clamp_min(1e-12)).item()
+        assert err <= EXACT_TOL[dtype], f"rel err {err:.3g} > {EXACT_TOL[dtype]} {what}"
+    else:
+        if r.norm() == 0:
+            assert o.abs().max() == 0
+            return
+        cos = torch.nn.functional.cosine_similarity(o.flatten(), r.flatten(), dim=0).item()
+        assert cos >= INT8_COS, f"cos {cos:.6f} < {INT8_COS} {what}"
+
+
+def run_case(B, H, group, Lq, Lk, D, dtype, layout, out_layout, mode, mask_kind, mask_ndim, causal, scale,
+             cfg, seed, poison, outliers=False, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    Hk = H // group
+    q, k, v = make_qkv(B, H, Hk, Lq, Lk, D, dtype, layout, gen, device, outliers)
+    mask = make_mask(mask_kind, mask_ndim, B, H, Lq, Lk, gen, device)
+    shape = (B, H, Lq, D) if out_layout == "bhld" else (B, Lq, H * D)
+    out = poison(torch.empty(shape, dtype=dtype, device=device))
+    res = A.attention(q, k, v, H, mask=mask, layout=layout, out_layout=out_layout, scale=scale, mode=mode,
+                      causal=causal, config=cfg, out=out)
+    assert res is out
+    ref = A.attention_reference(q, k, v, H, mask=mask, layout=layout, out_layout=out_layout, scale=scale,
+                                causal=causal)
+    check(out, ref, dtype, mode, f"B{B} H{H}/{Hk} Lq{Lq} Lk{Lk} D{D} {dtype} {layout}->{out_layout} {mode} "
+                                 f"mask={mask_kind}/{mask_ndim} causal={causal} scale={scale} cfg={cfg}")
+    return out, ref
+
+
+@settings(max_examples=14, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(B=st.integers(1, 2), H=st.sampled_from([1, 2, 4]), gqa=st.booleans(),
+       Lq=st.integers(1, 70), Lk=st.integers(1, 70), D=st.sampled_from([16, 24, 40, 64, 80, 96]),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
+       layout=st.sampled_from(["bld", "bhld"]), out_same=st.booleans(), mode=st.sampled_from(["exact", "int8"]),
+       mask=st.sampled_from(["none", "bool", "add"]), mask_ndim=st.sampled_from([1, 2, 3, 4, -4]),
+       causal=st.booleans(), custom_scale=st.booleans(), cfg=st.sampled_from(CPU_CFGS),
+       seed=st.integers(0, 2 ** 16))
+def test_interpreter_matches_float64(B, H, gqa, Lq, Lk, D, dtype, layout, out_same, mode, mask, mask_ndim, causal,
+                                     custom_scale, cfg, seed, poison):
+    group = 2 if (gqa and H > 1) else 1
+    out_layout = layout if out_same else ("bhld" if layout == "bld" else "bld")
+    scale = 0.37 / math.sqrt(D) if custom_scale else None
+    run_case(B, H, group, Lq, Lk, D, dtype, layout, out_layout, mode, mask, mask_ndim, causal, scale, cfg, seed,
+             poison)
+
+
+@pytest.mark.parametrize("D", [40, 80, 128, 160, 256])
+def test_head_sizes_of_real_models(D, poison):
+    # SD1.5 40/80/160, Flux 128, 256 (padded up to the next power of two inside the kernel)
+    run_case(1, 2, 1, 33, 47, D, torch.float16, "bld", "bld", "exact", "none", 1, False, None, (16, 16, 4, 1), D,
+             poison)
+    run_case(1, 2, 1, 33, 47, D, torch.bfloat16, "bhld", "bld", "int8", "none", 1, False, None, (16, 16, 4, 1), D,
+             poison)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_int8_with_outliers(dtype, poison):
+    run_case(1, 2, 1, 64, 96, 64, dtype, "bhld", "bhld", "int8", "none", 1, False, None, (32, 32, 4, 1), 7, poison,
+             outliers=True)
+    run_case(1, 2, 1, 64, 96, 64, dtype, "bhld", "bhld", "exact", "none", 1, False, None, (32, 32, 4, 1), 7, poison,
+             outliers=True)
+
+
+def test_cross_attention_sd_context(poison):
+    # SD1.5 attn2: 8 heads of 40 over 77 text tokens, L_q not a block multiple
+    run_case(2, 8, 1, 72, 77, 40, torch.float16, "bld", "bld", "exact", "none", 1, False, None, None, 1, poison)
+    run_case(2, 8, 1, 72, 77, 40, torch.float16, "bld", "bld", "int8", "none", 1, False, None, None, 1, poison)
+
+
+def test_fully_masked_rows_give_zero_not_nan(poison):
+    B, H, L, D = 1, 2, 20, 16
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = make_qkv(B, H, H, L, L, D, torch.float16, "bhld", gen)
+    mask = torch.ones(L, L, dtype=torch.bool)
+    mask[3] = False
+    for mode in A.MODES:
+        out = poison(torch.empty(B, H, L, D, dtype=torch.float16))
+        A.attention(q, k, v, mask=mask, layout="bhld", mode=mode, config=(16, 16, 4, 1), out=out)
+        assert not out.isnan().any()
+        assert out[:, :, 3].abs().max() == 0
+    add = torch.zeros(L, L)
+    add[5] = float("-inf")
+    out = poison(torch.empty(B, H, L, D, dtype=torch.float16))
+    A.attention(q, k, v, mask=add, layout="bhld", config=(16, 16, 4, 1), out=out)
+    assert not out.isnan().any() and out[:, :, 5].abs().max() == 0
+
+
+def test_hunyuan_style_additive_mask(poison):
+    # (1, 1, L) additive mask with -finfo.max on padded text positions, bf16 model
+    B, H, L, D = 1, 2, 40, 32
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = make_qkv(B, H, H, L, L, D, torch.bfloat16, "bhld", gen)
+    mask = torch.zeros(1, 1, L, dtype=torch.bfloat16)
+    mask[..., 30:] = -torch.finfo(torch.bfloat16).max
+    for mode in A.MODES:
+        out = poison(torch.empty(B, H, L, D, dtype=torch.bfloat16))
+        A.attention(q, k, v, mask=mask, layout="bhld", mode=mode, config=(16, 16, 4, 1), out=out)
+        check(out, A.attention_reference(q, k, v, mask=mask, layout="bhld"), torch.bfloat16, mode)
+
+
+def test_int64_offsets_path(poison, monkeypatch):
+    # The 64-bit row offsets (B·H·L·D past 2**31 on a GPU) run here with the threshold lowered.
+    monkeypatch.setattr(A, "INT64_THRESHOLD", 1)
+    for mode in A.MODES:
+        run_case(2, 2, 2, 37, 29, 40, torch.float16, "bld", "bhld", mode, "add", 3, True, None, (16, 16, 4, 1), 5,
+                 poison)
+
+
+def test_layouts_match_each_other():
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = make_qkv(2, 3, 3, 19, 23, 16, torch.float16, "bhld", gen)
+    a = A.attention(q, k, v, layout="bhld", out_layout="bld", config=(16, 16, 4, 1))
+    bl = [x.transpose(1, 2).reshape(2, x.shape[2], -1) for x in (q, k, v)]
+    b = A.attention(*bl, 3, layout="bld", config=(16, 16, 4, 1))
+    assert torch.equal(a, b)
+
+
+def test_default_cpu_config_and_arch_tables():
+    assert A.choose_config(torch.device("cpu"), None, torch.float16, 64, False, 0, False, 10, 10) == A.CPU_CONFIG
+    for cc in ARCHS:
+        for bd in (16, 32, 64, 128, 256):
+            for int8 in (False, True):
+                for in_bytes in (2, 4):
+                    cands = A.candidates(cc, bd, in_bytes, int8)
+                    assert cands
+                    for bm, bn, nw, ns in cands:
+                        assert bm & (bm - 1) == 0 and bn & (bn - 1) == 0 and nw in (4, 8) and ns >= 1
+    assert A.supported_dtypes(75) == (torch.float16,)
+    assert not A.int8_supported(75) and A.int8_supported(80) and A.int8_supported(None)
+    assert torch.bfloat16 in A.supported_dtypes(86) and torch.bfloat16 in A.supported_dtypes(None)
+
+
+def test_check_supported_reasons():
+    q = torch.zeros(1, 4, 64, dtype=torch.float16)
+    assert A.check_supported(q, q, q, 2, False) is None
+    assert A.check_supported(q, q, q, 3, False).startswith("q width")
+    assert "head size 320" in A.check_supported(torch.zeros(1, 4, 640, dtype=torch.float16),
+                                                torch.zeros(1, 4, 640, dtype=torch.float16),
+                                                torch.zeros(1, 4, 640, dtype=torch.float16), 2, False)
+    d = torch.zeros(1, 4, 64, dtype=torch.float64)
+    assert "dtype torch.float64" in A.check_supported(d, d, d, 2, False)
+    assert "mask dtype" in A.check_supported(q, q, q, 2, False, mask=torch.zeros(4, 4, dtype=torch.int32))
+    assert "mask shape" in A.check_supported(q, q, q, 2, False, mask=torch.zeros(4, 5))
+    assert A.check_supported(q, q, q, 2, False, mask=torch.zeros(1, 4, 4)) is None
+    assert A.check_supported(q, q, q, 2, False, mode="fp4").startswith("unknown mode")
+
+
+def test_custom_op_fake_and_compile():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = make_qkv(1, 2, 2, 24, 20, 16, torch.float16, "bld", gen)
+    mask = torch.rand(24, 20, generator=gen) > 0.2
+
+    def f(q, k, v, mask):
+        return A.attention(q * 1.0, k, v, 2, mask=mask, config=(16, 16, 4, 1)) + 1.0
+
+    eager = f(q, k, v, mask)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v, mask)  # no graph break
+    assert torch.equal(eager, compiled)
+    torch.library.opcheck(torch.ops.tritonkit.attention.default,
+                          (q, k, v, mask, 2, False, True, None, False, False, 16, 16, 4, 1),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def _specs():
+    return [(i, cc) for i, spec in enumerate(A.COMPILE_SPECS) for cc in spec[3]["archs"]]
+
+
+@pytest.mark.parametrize("spec,cc", _specs(), ids=[f"{i}-sm{cc}" for i, cc in _specs()])
+def test_compiles_for_every_arch(spec, cc):
+    kernel, sig, consts, opts = A.COMPILE_SPECS[spec]
+    k = compile_for(kernel, sig, consts, cc, opts["num_warps"], opts["num_stages"])
+    assert len(k.asm["cubin"]) > 0
+    assert f"sm_{cc}" in k.asm["ptx"]
+    if cc == 90 and kernel is A.attn_fwd_kernel and consts["HEAD_DIM"] == 128 and consts["MASK_KIND"] == 0:
+        assert "wgmma" in k.asm["ptx"], "the Hopper kernel should use wgmma"
+
+
+def test_every_arch_has_specs():
+    archs = {cc for spec in A.COMPILE_SPECS for cc in spec[3]["archs"]}
+    assert archs == set(ARCHS)
+
+
+@pytest.mark.skipif("os.environ.get('TRITONKIT_EXHAUSTIVE_COMPILE') != '1'",
+                    reason="every candidate block config x arch: minutes of ptxas; set TRITONKIT_EXHAUSTIVE_COMPILE=1")
+def test_all_candidate_configs_compile():
+    for kernel, sig, consts, opts in A.all_compile_specs():
+        for cc in opts["archs"]:
+            assert len(compile_for(kernel, sig, consts, cc, opts["num_warps"], opts["num_stages"]).asm["cubin"])
+
+
+# ----------------------------------------------------------------------------- GPU, real sizes
+
+GPU_CASES = [
+    # B, H, group, Lq, Lk, D, layout, mask, mask_ndim
+    (2, 10, 1, 4096, 4096, 64, "bld", "none", 1),      # SDXL
+    (1, 24, 1, 4608, 4608, 128, "bhld", "none", 1),    # Flux
+    (2, 8, 1, 4096, 77, 40, "bld", "none", 1),         # SD1.5 cross-attention
+    (2, 8, 1, 1024, 1024, 80, "bld", "none", 1),       # SD1.5 80
+    (2, 8, 1, 256, 256, 160, "bld", "none", 1),        # SD1.5 160
+    (1, 4, 1, 1000, 1000, 256, "bhld", "bool", 4),
+    (1, 24, 1, 3333, 3333, 128, "bhld", "add", -4),    # HunyuanVideo-style additive mask
+    (2, 16, 4, 2048, 2048, 128, "bld", "none", 1),     # GQA
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=[f"{c[0]}x{c[1]}x{c[3]}x{c[5]}-{c[7]}" for c in GPU_CASES])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mode", A.MODES)
+def test_cuda_matches_float64(case, dtype, mode, poison):
+    B, H, group, Lq, Lk, D, layout, mask, mask_ndim = case
+    run_case(B, H, group, Lq, Lk, D, dtype, layout, layout, mode, mask, mask_ndim, False, None, None, 1, poison,
+             device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", A.MODES)
+def test_cuda_outliers_and_causal(mode, poison):
+    run_case(1, 8, 1, 4096, 4096, 128, torch.bfloat16, "bhld", "bhld", mode, "none", 1, False, None, None, 2,
+             poison, outliers=True, device="cuda")
+    run_case(1, 8, 1, 2000, 2000, 64, torch.float16, "bhld", "bhld", mode, "none", 1, True, None, None, 3,
+             poison, device="cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_64bit_offsets(poison):
+    # (B, L, H·D) with L·H·D > 2**31: the last rows sit past the 32-bit range
+    B, Lq, Lk, H, D = 1, (1 << 21) + 100, 64, 16, 64
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, Lq, H * D, device="cuda", dtype=torch.float16, generator=gen)
+    k = torch.randn(B, Lk, H * D, device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn(B, Lk, H * D, device="cuda", dtype=torch.float16, generator=gen)
+    for mode in A.MODES:
+        out = poison(torch.empty_like(q))
+        A.attention(q, k, v, H, mode=mode, out=out)
+        tail = slice(Lq - 3000, Lq)
+        ref = A.attention_reference(q[:, tail], k, v, H)
+        check(out[:, tail], ref, torch.float16, mode, "tail rows")
+        head = slice(0, 3000)
+        check(out[:, head], A.attention_reference(q[:, head], k, v, H), torch.float16, mode, "head rows")
+        del out
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+def test_cuda_compiled_model_keeps_the_op():
+    q = torch.randn(1, 8, 1024, 64, device="cuda", dtype=torch.float16)
+
+    def f(x):
+        return A.attention(x * 0.5, x, x, layout="bhld", mode="int8") * 2
+
+    eager = f(q)
+    comp = torch.compile(f, fullgraph=True)(q)
+    torch.testing.assert_close(comp, eager, rtol=0, atol=0)
