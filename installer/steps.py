@@ -43,6 +43,8 @@ def selftest_step(target: pyfolder.PythonTarget, opts: Options, ctx: Context) ->
     """Runs the Triton self-test in the target Python: in-process for the running one, as
     ``<python> install.py --check --json`` for another one that can run here."""
     if target.running:
+        import importlib
+        importlib.invalidate_caches()  # pip may have just installed or removed Triton
         from ..diagnostics import selftest
         rep = selftest.full_report(device=opts.device)
     else:
