@@ -34,7 +34,8 @@ def free_port() -> int:
 
 class ComfyServer:
     def __init__(self, base_dir: Path, env: dict | None = None, extra_args: list[str] | None = None,
-                 pack_src: Path = REPO, python: str = sys.executable, ready_timeout: float = 180.0):
+                 pack_src: Path = REPO, python: str = sys.executable, ready_timeout: float = 180.0,
+                 extra_packs: dict | None = None):
         self.base = Path(base_dir)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -45,6 +46,12 @@ class ComfyServer:
         link = self.base / "custom_nodes" / PACK_LINK_NAME
         if not link.exists():
             link.symlink_to(pack_src, target_is_directory=True)
+        # extra_packs: {folder name in custom_nodes: source directory}, e.g. the test-only nodes
+        # {"tritonkit_test_nodes": REPO / "tests" / "comfy_test_nodes"}.
+        for name, src in (extra_packs or {}).items():
+            extra = self.base / "custom_nodes" / name
+            if not extra.exists():
+                extra.symlink_to(Path(src).resolve(), target_is_directory=True)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.args = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
                      "--base-directory", str(self.base), "--disable-auto-launch",
@@ -148,6 +155,9 @@ class ComfyServer:
             msgs = json.dumps(entry["status"].get("messages"), indent=1)[-4000:]
             raise AssertionError(f"workflow failed: {msgs}\n--- server log ---\n{self.log_tail()}")
         return entry
+
+
+TEST_NODES = {"tritonkit_test_nodes": REPO / "tests" / "comfy_test_nodes"}
 
 
 def comfyui_available() -> bool:

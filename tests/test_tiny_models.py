@@ -1,0 +1,179 @@
+"""Tiny random checkpoints of real architectures (tests/tiny_models.py) in a real ComfyUI 0.3.75
+server (CPU): UNETLoader detects and loads them, the test-only nodes (tests/comfy_test_nodes)
+feed conditioning and a latent, KSampler runs 2 steps, and the output latent is finite.
+
+The model files are made once per machine in tiny_models.cache_dir() and symlinked into the
+server's models/diffusion_models (the first run pays ~20-40 s to draw the tiny Flux's 531 M
+random weights on 2 cores)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import tiny_models as tm
+from comfy_harness import TEST_NODES, ComfyServer, comfyui_available, comfyui_dir
+
+pytestmark = pytest.mark.comfyui
+
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not comfyui_available():
+        pytest.fail("ComfyUI is not set up: run scripts/setup_env.sh")
+    srv = ComfyServer(tmp_path_factory.mktemp("tiny-models"), extra_packs=TEST_NODES)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def flux_files():
+    """bf16, fp8 e4m3fn and scaled-fp8 e4m3fn files of the tiny Flux (one pass, cached)."""
+    files = tm.cached_models(tm.FLUX_TINY_CONFIG, [(torch.bfloat16, False), (FP8, False), (FP8, True),
+                                                   (FP8, "scale_input")])
+    return dict(zip(("bf16", "fp8", "scaled", "scaledin"), files))
+
+
+def _run(server, prompt, info, steps=2):
+    """Adds a call counter after the patch chain and a counters report; runs; returns
+    (latent stats, latent tensor, counters)."""
+    model_in = prompt[tm.NODE_SAMPLER]["inputs"]["model"]
+    prompt["90"] = {"class_type": "TritonKitTestCountCalls", "inputs": {"model": model_in, "name": "unet"}}
+    prompt[tm.NODE_SAMPLER]["inputs"]["model"] = ["90", 0]
+    prompt["91"] = {"class_type": "TritonKitTestCounters", "inputs": {"reset": True, "anything": [tm.NODE_SAMPLER, 0]}}
+    entry = server.run(prompt, timeout=300)
+    stats = json.loads(entry["outputs"][tm.NODE_OUT]["tritonkit_latent"][0])
+    counts = json.loads(entry["outputs"]["91"]["tritonkit_counters"][0])
+    latent = None
+    if "file" in stats:
+        with safe_open(str(server.base / "output" / stats["file"]), "pt") as f:
+            latent = f.get_tensor("latent")
+    return stats, latent, counts
+
+
+def _assert_clean_load(server, name):
+    log = server.log()
+    bad = [ln for ln in log.splitlines() if ("unet missing" in ln or "unet unexpected" in ln)]
+    assert not bad, bad[:3]
+    assert "no match" not in log, server.log_tail()
+
+
+# --------------------------------------------------------------------------- offline checks
+def test_specs_equal_comfyui_model_parameters():
+    """Every tiny and full-size preset has exactly the parameters (names and shapes) of
+    ComfyUI's own class built from what model detection reads off our tensors."""
+    cfgs = {"flux_tiny": tm.FLUX_TINY_CONFIG, "flux_dev": tm.FLUX_DEV_CONFIG,
+            "hunyuan_video_tiny": tm.HUNYUAN_VIDEO_TINY_CONFIG, "hunyuan_video": tm.HUNYUAN_VIDEO_CONFIG,
+            "sd15_tiny": tm.SD15_TINY_CONFIG, "sd15": tm.SD15_CONFIG}
+    want_class = {"flux_tiny": "Flux", "flux_dev": "Flux", "hunyuan_video_tiny": "HunyuanVideo",
+                  "hunyuan_video": "HunyuanVideo", "sd15_tiny": "SD15", "sd15": "SD15"}
+    script = Path(__file__).with_name("_tiny_models_meta_check.py")
+    r = subprocess.run([sys.executable, str(script), str(comfyui_dir()), str(Path(__file__).parent), json.dumps(cfgs)],
+                       capture_output=True, text=True, timeout=300, cwd=comfyui_dir())
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    for name, out in res.items():
+        assert out["class"] == want_class[name], (name, out)
+        assert out["missing"] == [] and out["unexpected"] == [] and out["shape_mismatch"] == [], (name, out)
+        assert out["detected"]["hidden_size" if "hidden_size" in out["detected"] else "model_channels"] > 0
+
+
+def test_presets_have_the_real_sizes():
+    # Flux dev 11.90 B and HunyuanVideo 12.82 B parameters; SD1.5's UNet 859.52 M.
+    assert round(tm.param_count(tm.FLUX_DEV_CONFIG) / 1e6) == 11901
+    assert round(tm.param_count(tm.HUNYUAN_VIDEO_CONFIG) / 1e6) == 12821
+    assert round(tm.param_count(tm.SD15_CONFIG) / 1e4) == 85952
+    assert tm.describe(tm.SD15_TINY_CONFIG)["head_dims"] == [40, 80]
+    assert tm.describe(tm.FLUX_TINY_CONFIG)["head_dim"] == 128
+
+
+def test_streamed_file_equals_state_dict(tmp_path):
+    cfg = tm.HUNYUAN_VIDEO_TINY_CONFIG
+    for dtype, scaled in ((torch.bfloat16, False), (FP8, False), (FP8, True), (torch.float8_e5m2, "scale_input")):
+        p = tm.write_model(tmp_path / "m.safetensors", cfg, dtype, scaled, seed=3)["path"]
+        sd = tm.make_state_dict(cfg, dtype, scaled, seed=3)
+        with safe_open(p, "pt") as f:
+            assert set(f.keys()) == set(sd)
+            meta = json.loads(f.metadata()["tritonkit_tiny_model"])
+            assert meta["hidden_size"] == 256 and meta["scaled_fp8"] == scaled
+            for k in sd:
+                t = f.get_tensor(k)
+                assert t.dtype == sd[k].dtype and t.shape == sd[k].shape, k
+                assert torch.equal(t.view(torch.uint8) if t.dtype in tm.FP8_DTYPES else t,
+                                   sd[k].view(torch.uint8) if t.dtype in tm.FP8_DTYPES else sd[k]), k
+        if dtype in tm.FP8_DTYPES:
+            assert sd["txt_in.input_embedder.weight"].dtype == dtype
+            assert sd["txt_in.input_embedder.bias"].dtype == torch.bfloat16
+            assert sd["double_blocks.0.img_attn.norm.key_norm.scale"].dtype == torch.bfloat16
+            assert sd["img_in.proj.weight"].dtype == torch.bfloat16  # a conv, not a Linear
+        if scaled:
+            assert sd["scaled_fp8"].dtype == dtype
+            ref = tm.make_state_dict(cfg, torch.float32, seed=3)["single_blocks.0.linear1.weight"]
+            deq = sd["single_blocks.0.linear1.weight"].float() * sd["single_blocks.0.linear1.scale_weight"]
+            rel = float((deq - ref).norm() / ref.norm())
+            assert rel < (0.04 if dtype == FP8 else 0.08), rel
+
+
+# --------------------------------------------------------------------------- in ComfyUI
+@pytest.mark.parametrize("variant,weight_dtype", [("bf16", "default"), ("bf16", "fp8_e4m3fn"),
+                                                  ("fp8", "default"), ("scaled", "default"),
+                                                  ("scaledin", "default")])
+def test_flux(server, flux_files, variant, weight_dtype):
+    info = flux_files[variant]
+    name = tm.install_model(info, server.base / "models")
+    stats, latent, counts = _run(server, tm.flux_workflow(name, weight_dtype, steps=2, prefix=f"flux_{variant}"), info)
+    assert stats["finite"] and stats["shape"] == [1, 16, 8, 8], stats
+    assert latent.shape == (1, 16, 8, 8) and torch.isfinite(latent).all() and latent.std() > 0
+    assert counts["counts"]["unet"] == 2 and counts["shapes"]["unet"] == [[1, 16, 8, 8]] * 2, counts
+    _assert_clean_load(server, name)
+    log = server.log()
+    assert "model_type FLUX" in log
+    if variant == "scaled":
+        assert "Using scaled fp8: fp8 matrix mult: False, scale input: False" in log
+    if variant == "scaledin":
+        assert "Using scaled fp8: fp8 matrix mult: False, scale input: True" in log
+
+
+def test_hunyuan_video(server):
+    info = tm.cached_models(tm.HUNYUAN_VIDEO_TINY_CONFIG, [(torch.bfloat16, False)])[0]
+    name = tm.install_model(info, server.base / "models")
+    stats, latent, counts = _run(server, tm.hunyuan_video_workflow(name, frames=2, prefix="hv"), info)
+    assert stats["finite"] and stats["shape"] == [1, 16, 2, 8, 8], stats
+    assert torch.isfinite(latent).all() and latent.std() > 0
+    assert counts["counts"]["unet"] == 2, counts
+    _assert_clean_load(server, name)
+
+
+def test_sd15_unet(server):
+    info = tm.cached_models(tm.SD15_TINY_CONFIG, [(torch.float16, False)])[0]
+    name = tm.install_model(info, server.base / "models")
+    stats, latent, counts = _run(server, tm.sd15_workflow(name, prefix="sd15"), info)
+    assert stats["finite"] and stats["shape"] == [1, 4, 8, 8], stats
+    assert torch.isfinite(latent).all() and latent.std() > 0
+    # cfg 2: cond and uncond go through the model together, one call per step (batch 2).
+    assert counts["counts"]["unet"] == 2 and counts["shapes"]["unet"] == [[2, 4, 8, 8]] * 2, counts
+    _assert_clean_load(server, name)
+    assert "model_type EPS" in server.log()
+
+
+def test_conditioning_node_dims(server):
+    """Explicit dims without a model; the workflow is only validated and run through a
+    stats-free path: ConditioningZeroOut consumes it."""
+    prompt = {"1": {"class_type": "TritonKitTestConditioning",
+                    "inputs": {"seed": 1, "tokens": 5, "guidance": 2.0, "batch_size": 2, "std": 1.0,
+                               "context_dim": 24, "pooled_dim": 12}},
+              "2": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["1", 0]}},
+              "3": {"class_type": "TritonKitTestLatent",
+                    "inputs": {"width": 32, "height": 48, "frames": 3, "batch_size": 1, "seed": 0, "mode": "zeros",
+                               "channels": 16}},
+              "4": {"class_type": "TritonKitTestLatentStats",
+                    "inputs": {"samples": ["3", 0], "filename_prefix": "dims", "save": False}}}
+    entry = server.run(prompt, timeout=60)
+    stats = json.loads(entry["outputs"]["4"]["tritonkit_latent"][0])
+    assert stats["shape"] == [1, 16, 3, 6, 4] and stats["absmax"] == 0.0
