@@ -12,6 +12,7 @@ It never asks anything without a terminal, deletes only inside its own staging f
 cache folders, and exits 0 only when Triton works.
 
 ``--check`` does every detection, prints the self-test report and changes nothing.
+``TRITONKIT_NUGET_BASE`` points the NuGet download of include/libs at a mirror (default: api.nuget.org).
 """
 from __future__ import annotations
 
@@ -73,10 +74,11 @@ def main(argv=None) -> int:
             print(msg, flush=True)
 
     ctx = common.Context(check=args.check, assume_yes=args.yes, interactive=_stdin_is_terminal(),
-                         log=lambda m: say("  " + m))
+                         log=lambda m: say("  " + m),
+                         nuget_base=os.environ.get("TRITONKIT_NUGET_BASE") or common.NUGET_BASE)
     opts = steps.Options(check=args.check, python_dir=args.python_dir, include_libs_from=args.include_libs_from,
                          clear_caches=args.clear_caches, fix_vcredist=args.fix_vcredist, no_pip=args.no_pip,
-                         yes=args.yes, device=args.device, pack_dir=None if args.check else HERE,
+                         yes=args.yes, device=args.device, pack_dir=HERE,
                          install_py=os.path.abspath(__file__))
     out = steps.run(opts, ctx, emit=lambda r: say(r.line()))
     if args.json:

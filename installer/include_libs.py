@@ -216,7 +216,7 @@ def local_cpythons(version: tuple, ctx: Context, exclude: str | None = None) -> 
             p = ctx.read_registry(hive, rf"Software\Python\PythonCore\{tag}\InstallPath", "")
             if p:
                 cands.append(str(p))
-    if ctx.platform == "win32" and ctx.run is not None and not ctx.env.get("TRITONKIT_NO_PY_LAUNCHER"):
+    if ctx.platform == "win32" and ctx.run is not None:
         rc, out = ctx.run(["py", "-0p"], timeout=30)
         if rc == 0:
             for line in out.splitlines():

@@ -127,3 +127,34 @@ def test_bad_python_dir_and_bad_source(tmp_path, portable):
     assert "[FAILED] include/libs:" in r.stdout and "no such file or folder" in r.stdout
     assert not (py / "include").exists()
     assert "install.py: 1 step(s) need you: include/libs" in r.stdout
+
+
+def test_manager_style_with_include_libs_from_nuget(tmp_path, portable, monkeypatch):
+    from fixtures.install_fakes import Server, nupkg_bytes
+    py, _ = portable
+    srv = Server()
+    try:
+        srv.serve_nuget({"3.12.7": nupkg_bytes(12, 7)})
+        monkeypatch.setenv("TRITONKIT_NUGET_BASE", srv.base)  # a mirror on 127.0.0.1 instead of api.nuget.org
+        r = manager_run(tmp_path, "--python-dir", str(py), "--no-pip")
+    finally:
+        srv.close()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"downloading {srv.base}/python/3.12.7/python.3.12.7.nupkg" in r.stdout
+    assert "from NuGet" in r.stdout
+    assert il.status(str(py), (3, 12)) == []
+
+
+def test_manager_style_plain_run_in_this_python(tmp_path):
+    """Exactly Manager's command line, `python install.py`, for the interpreter running it (Linux here):
+    every step, the self-test on the CPU, exit 0, and the cache fingerprints written beside the caches."""
+    (tmp_path / "home").mkdir()
+    droppings = _repo_droppings()
+    r = manager_run(tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    steps = [ln.split("]")[1].split(":")[0].strip() for ln in r.stdout.splitlines() if ln.startswith("[")]
+    assert steps == ["python", "include/libs", "vcredist", "triton package", "caches", "long paths",
+                     "windows fixes", "self-test"]
+    assert "[ok] self-test: Triton works" in r.stdout and "Triton self-test: PASS" in r.stdout
+    assert os.path.isfile(str(tmp_path / "caches" / "triton") + ".tritonkit-fingerprint.json")
+    assert _repo_droppings() == droppings
