@@ -45,7 +45,8 @@ def _run(server, prompt, info, steps=2):
     (latent stats, latent tensor, counters)."""
     model_in = prompt[tm.NODE_SAMPLER]["inputs"]["model"]
     prompt["90"] = {"class_type": "TritonKitTestCountCalls", "inputs": {"model": model_in, "name": "unet"}}
-    prompt[tm.NODE_SAMPLER]["inputs"]["model"] = ["90", 0]
+    prompt["92"] = {"class_type": "TritonKitTestAttentionProbe", "inputs": {"model": ["90", 0], "name": "attn"}}
+    prompt[tm.NODE_SAMPLER]["inputs"]["model"] = ["92", 0]
     prompt["91"] = {"class_type": "TritonKitTestCounters", "inputs": {"reset": True, "anything": [tm.NODE_SAMPLER, 0]}}
     entry = server.run(prompt, timeout=300)
     stats = json.loads(entry["outputs"][tm.NODE_OUT]["tritonkit_latent"][0])
@@ -131,6 +132,9 @@ def test_flux(server, flux_files, variant, weight_dtype):
     assert stats["finite"] and stats["shape"] == [1, 16, 8, 8], stats
     assert latent.shape == (1, 16, 8, 8) and torch.isfinite(latent).all() and latent.std() > 0
     assert counts["counts"]["unet"] == 2 and counts["shapes"]["unet"] == [[1, 16, 8, 8]] * 2, counts
+    # 1 double + 1 single block, 2 steps; 16 image + 8 text tokens, 24 heads of 128.
+    assert counts["counts"]["attn"] == 4 and counts["counts"]["attn.head_dim.128"] == 4, counts
+    assert {(tuple(s["q"]), s["heads"], s["skip_reshape"]) for s in counts["shapes"]["attn"]} == {((1, 24, 24, 128), 24, True)}
     _assert_clean_load(server, name)
     log = server.log()
     assert "model_type FLUX" in log
@@ -147,6 +151,8 @@ def test_hunyuan_video(server):
     assert stats["finite"] and stats["shape"] == [1, 16, 2, 8, 8], stats
     assert torch.isfinite(latent).all() and latent.std() > 0
     assert counts["counts"]["unet"] == 2, counts
+    # token refiner (2 blocks, text only), 1 double, 1 single block; 2 heads of 128.
+    assert counts["counts"]["attn"] == 8 and counts["counts"]["attn.head_dim.128"] == 8, counts
     _assert_clean_load(server, name)
 
 
@@ -158,6 +164,11 @@ def test_sd15_unet(server):
     assert torch.isfinite(latent).all() and latent.std() > 0
     # cfg 2: cond and uncond go through the model together, one call per step (batch 2).
     assert counts["counts"]["unet"] == 2 and counts["shapes"]["unet"] == [[2, 4, 8, 8]] * 2, counts
+    # Per step: 2 levels down + middle + 4 up blocks = 7 transformers x (self + cross) = 14 calls;
+    # head size 40 at 320 channels, 80 at 640 (8 heads); cross-attention keys are 77 tokens.
+    c = counts["counts"]
+    assert c["attn"] == 28 and c["attn.head_dim.40"] == 12 and c["attn.head_dim.80"] == 16, counts
+    assert any(s["k"][1] == 77 and s["q"][1] != 77 for s in counts["shapes"]["attn"]), counts
     _assert_clean_load(server, name)
     assert "model_type EPS" in server.log()
 

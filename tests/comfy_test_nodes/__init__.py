@@ -198,6 +198,49 @@ class TritonKitTestCountCalls:
         return (m,)
 
 
+class TritonKitTestAttentionProbe:
+    """MODEL → MODEL that sees every attention call routed through ComfyUI's
+    ``transformer_options["optimized_attention_override"]`` hook and counts it:
+    ``counts[name]`` (calls), ``counts[f"{name}.head_dim.{D}"]``, and the distinct call
+    signatures (q/k shapes, heads, skip_reshape, mask shape, dtype) in ``shapes[name]``. It
+    chains an override already set by an earlier node (then it sees the calls first and passes
+    them on), else calls the backend the model chose."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "name": ("STRING", {"default": "attention"})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing/tritonkit"
+
+    def patch(self, model, name):
+        m = model.clone()
+        topts = m.model_options.setdefault("transformer_options", {})
+        prev = topts.get("optimized_attention_override")
+
+        def probe(func, *args, **kwargs):
+            q, k, heads = args[0], args[1], args[3]
+            skip = bool(kwargs.get("skip_reshape", False))
+            d = q.shape[-1] if skip else q.shape[-1] // heads
+            mask = args[4] if len(args) > 4 else kwargs.get("mask")
+            c = counters()
+            c[name] += 1
+            c[f"{name}.head_dim.{d}"] += 1
+            sig = {"q": list(q.shape), "k": list(k.shape), "heads": heads, "skip_reshape": skip,
+                   "mask": None if mask is None else list(mask.shape), "dtype": str(q.dtype).replace("torch.", ""),
+                   "head_dim": d}
+            sigs = sys.modules["tritonkit_test_counters"].shapes[name]
+            if sig not in sigs:
+                sigs.append(sig)
+            if prev is not None:
+                return prev(func, *args, **kwargs)
+            return func(*args, **kwargs)
+
+        topts["optimized_attention_override"] = probe
+        return (m,)
+
+
 class TritonKitTestCounters:
     """Output node: reports the shared counters (and recorded shapes) as JSON in the UI output
     ``tritonkit_counters``; ``reset`` clears them afterwards. Connect ``anything`` to a node
@@ -235,6 +278,7 @@ NODE_CLASS_MAPPINGS = {
     "TritonKitTestLatent": TritonKitTestLatent,
     "TritonKitTestLatentStats": TritonKitTestLatentStats,
     "TritonKitTestCountCalls": TritonKitTestCountCalls,
+    "TritonKitTestAttentionProbe": TritonKitTestAttentionProbe,
     "TritonKitTestCounters": TritonKitTestCounters,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {k: k.replace("TritonKitTest", "TritonKit Test ") for k in NODE_CLASS_MAPPINGS}
