@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import zipfile

@@ -169,7 +169,7 @@ def from_folder(path: str, ctx: Context) -> PythonTarget:
     if version is None:
         version = _parse_version(cfg.get("version") or cfg.get("version_info"))
     if version is None and platform == "win32":
-        version = dll_version(folder) or dll_version(os.path.join(cfg["home"]) if cfg.get("home") else "")
+        version = dll_version(folder) or (dll_version(cfg["home"]) if cfg.get("home") else None)
         if version is None:
             for pth in pth_files(folder):
                 m = re.fullmatch(r"python3(\d+)\._pth", os.path.basename(pth), re.IGNORECASE)

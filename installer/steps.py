@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from dataclasses import dataclass
 from typing import Callable
 

@@ -1,9 +1,7 @@
 """install.py step 1: which Python, of which kind, on fake Windows and POSIX trees."""
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
 import pytest
 
