@@ -56,13 +56,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _stdin_is_terminal() -> bool:
-    try:
-        return sys.stdin is not None and sys.stdin.isatty()
-    except (ValueError, OSError):
-        return False
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     common = load_pack_module("installer.common")
@@ -73,7 +66,7 @@ def main(argv=None) -> int:
         if text and not args.check:
             print(msg, flush=True)
 
-    ctx = common.Context(check=args.check, assume_yes=args.yes, interactive=_stdin_is_terminal(),
+    ctx = common.Context(check=args.check, assume_yes=args.yes, interactive=common.is_interactive(os.environ, sys.stdin, sys.stdout),
                          log=lambda m: say("  " + m),
                          nuget_base=os.environ.get("TRITONKIT_NUGET_BASE") or common.NUGET_BASE)
     opts = steps.Options(check=args.check, python_dir=args.python_dir, include_libs_from=args.include_libs_from,

@@ -70,6 +70,17 @@ def run_command(argv: list[str], timeout: float | None = None) -> tuple[int, str
     return p.returncode, p.stdout
 
 
+def is_interactive(env: dict, stdin, stdout) -> bool:
+    """Whether a person at a terminal runs install.py. ComfyUI-Manager pipes stdout and sets
+    COMFYUI_PATH (its child may still inherit a console stdin), so neither case ever asks."""
+    if env.get("COMFYUI_PATH") or env.get("__COMFY_CLI_SESSION__"):
+        return False
+    try:
+        return bool(stdin is not None and stdin.isatty() and stdout is not None and stdout.isatty())
+    except (ValueError, OSError):  # closed streams
+        return False
+
+
 NUGET_BASE = "https://api.nuget.org/v3-flatcontainer"
 VCREDIST_URL = "https://aka.ms/vs/17/release/vc_redist.x64.exe"
 

@@ -82,6 +82,11 @@ def plan(torch: tuple[str, list[str]] | None, dists: dict[str, str], platform: s
         res["message"] = f"triton {have} matches torch {tv}" + ("; " + "; ".join(notes) if notes else "")
         return res
     declared = next((r.split(";")[0].strip() for r in requires if re.match(r"^\s*(pytorch-)?triton\b", r)), None)
+    if have and not declared:
+        res.update(status="warn", message=f"triton {have} with torch {tv}, a build that declares no Triton "
+                   f"(e.g. CPU-only); the table says {want[0]}.{want[1]}.x",
+                   fix="if Triton kernels fail, install the triton of your CUDA torch build")
+        return res
     spec = declared.replace(" ", "") if declared else f"triton{spec_range}"
     res.update(status="failed",
                message=(f"triton {have} does not match torch {tv} (wants {want[0]}.{want[1]}.x)" if have

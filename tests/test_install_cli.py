@@ -158,3 +158,42 @@ def test_manager_style_plain_run_in_this_python(tmp_path):
     assert "[ok] self-test: Triton works" in r.stdout and "Triton self-test: PASS" in r.stdout
     assert os.path.isfile(str(tmp_path / "caches" / "triton") + ".tritonkit-fingerprint.json")
     assert _repo_droppings() == droppings
+
+
+def test_never_asks_under_manager_or_without_a_terminal():
+    from tritonkit.installer.common import Context, is_interactive
+
+    class Tty:
+        def __init__(self, tty):
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    class Closed:
+        def isatty(self):
+            raise ValueError("I/O operation on closed file")
+
+    assert is_interactive({}, Tty(True), Tty(True))
+    assert not is_interactive({"COMFYUI_PATH": "C:\\ComfyUI"}, Tty(True), Tty(True))  # Manager, console stdin
+    assert not is_interactive({}, Tty(True), Tty(False))  # stdout piped to Manager's log
+    assert not is_interactive({}, None, Tty(True)) and not is_interactive({}, Closed(), Tty(True))
+
+    def never(q):
+        raise AssertionError("asked: " + q)
+    assert Context(interactive=False, ask=never).confirm("Install?")
+    assert Context(interactive=True, assume_yes=True, ask=never).confirm("Install?")
+    assert not Context(interactive=True, ask=lambda q: "no").confirm("Install?")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="closes fd 0 in the child")
+def test_runs_with_stdin_closed(tmp_path, portable):
+    py, src = portable
+    env = {**os.environ, "COMFYUI_PATH": str(tmp_path), "HOME": str(tmp_path / "home"),
+           "TRITON_CACHE_DIR": str(tmp_path / "caches" / "triton"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "caches" / "inductor")}
+    r = subprocess.run([sys.executable, "install.py", "--python-dir", str(py), "--include-libs-from", str(src),
+                        "--no-pip"], cwd=str(REPO), env=env, preexec_fn=lambda: os.close(0),
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[done] include/libs" in r.stdout

@@ -43,6 +43,8 @@ def test_linux_uses_torchs_declared_requirement():
     assert p["status"] == "failed" and 'pip install "triton~=3.8.0"' in p["fix"]
     p = triton_pkg.plan(("2.6.0", ["triton==3.2.0"]), {"triton": "3.1.0"}, "linux")
     assert p["status"] == "failed" and "wants 3.2.x" in p["message"]
+    p = triton_pkg.plan(("2.14.1+cpu", []), {"triton": "3.8.0"}, "linux")  # CPU wheels declare no triton
+    assert p["status"] == "warn" and "declares no Triton" in p["message"]
 
 
 def _embedded_with(tmp_path: Path, torch_v: str, dists: dict) -> pyfolder.PythonTarget:
