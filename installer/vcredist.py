@@ -26,10 +26,18 @@ def pe_file_version(path: str) -> tuple[int, int, int, int] | None:
     return _pe_file_version(os.path.abspath(path), (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
 
 
+def have_pefile() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("pefile") is not None
+
+
 @functools.lru_cache(maxsize=256)
 def _pe_file_version(path: str, identity: tuple) -> tuple[int, int, int, int] | None:
     # identity (size, times, inode) makes a replaced file a new cache entry
-    import pefile
+    try:
+        import pefile
+    except ImportError:  # requirements.txt not installed yet; step() says so
+        return None
 
     try:
         pe = pefile.PE(path, fast_load=True)
@@ -96,6 +104,11 @@ def _replace_with_backup(src: str, dst: str, version: tuple | None) -> str:
 def step(python_folder: str, platform: str, ctx: Context, fix: bool = False) -> StepResult:
     if platform != "win32":
         return StepResult("vcredist", "skipped", "not Windows: the MSVC runtime DLLs don't apply")
+    if not have_pefile():
+        return StepResult("vcredist", "failed", "pefile (in requirements.txt) is missing from the Python running "
+                          "install.py, so the DLL versions can't be read",
+                          "python -m pip install pefile with that Python (ComfyUI-Manager installs requirements.txt "
+                          "before install.py), then run install.py again")
     inv = inventory(python_folder, ctx.system32)
     details = {n: {k: (fmt(v) if k in ("python", "system32") else v) for k, v in d.items()} for n, d in inv.items()}
     old = [n for n, d in inv.items() if d["python_present"] and _old(d["python"])]

@@ -75,3 +75,11 @@ def test_not_windows_and_no_system32(tmp_path):
     assert vcredist.step(str(tmp_path), "linux", make_ctx(tmp_path)).status == "skipped"
     py = portable_tree(tmp_path / "p", vcredist=None)
     assert vcredist.step(str(py), "win32", make_ctx(tmp_path, platform="linux")).status == "skipped"
+
+
+def test_missing_pefile_is_a_clear_failure(tmp_path, monkeypatch):
+    py = portable_tree(tmp_path / "p", vcredist=DLL_OLD)
+    monkeypatch.setattr(vcredist, "have_pefile", lambda: False)
+    r = vcredist.step(str(py), "win32", make_ctx(tmp_path, system32=str(system32(tmp_path))), fix=True)
+    assert r.status == "failed" and "pefile" in r.message and "pip install pefile" in r.fix
+    assert vcredist.pe_file_version(str(py / "vcruntime140.dll"))[:2] == (14, 29)  # untouched
