@@ -133,7 +133,7 @@ def f32_bits_to_fp8_bits(u, FMT: tl.constexpr, SATURATE: tl.constexpr):
         r = tl.where(f < (113 << 23), dn, nm)
         if SATURATE:
             r = tl.where(r >= 0x7C, 0x7B, r)
-            r = tl.where(f > 0x7F800000, 0x7F, r)
+            r = tl.where(f >= (143 << 23), tl.where(f > 0x7F800000, 0x7F, 0x7B), r)
         else:
             r = tl.where(f >= (143 << 23), tl.where(f > 0x7F800000, 0x7F, 0x7C), r)
     return r | sign
@@ -378,7 +378,7 @@ def _encode_bits_torch(v: torch.Tensor, fp8_dtype: torch.dtype, saturate: bool) 
         r = torch.where(f < (113 << 23), dn, nm)
         if saturate:
             r = torch.where(r >= 0x7C, 0x7B, r)
-            r = torch.where(f > 0x7F800000, 0x7F, r)
+            r = torch.where(f >= (143 << 23), torch.where(f > 0x7F800000, 0x7F, 0x7B), r)
         else:
             r = torch.where(f >= (143 << 23), torch.where(f > 0x7F800000, 0x7F, 0x7C), r)
     return (r | sign).to(torch.uint8)

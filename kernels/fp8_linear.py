@@ -272,6 +272,5 @@ def _lspec(act_ty, fmt, act, bias_ty, bias, scale, bn, bm, bk):
 # (spec, minimum compute capability)
 COMPILE_SPECS = [
     (_lspec("*fp16", 0, 0, "*u8", 2, 1, 64, 16, 128), 75),     # fp16 acts, e4m3fn weight+bias, tensor scale, small M
-    (_lspec("*fp16", 1, 0, "*fp16", 1, 0, 128, 128, 64), 75),  # fp16 acts, e5m2, float bias, large M
-    (_lspec("*bf16", 0, 1, "*bf16", 1, 2, 128, 128, 64), 80),  # bf16 acts (Ampere+), per-channel scale
+    (_lspec("*bf16", 0, 1, "*bf16", 1, 2, 64, 32, 64), 80),    # bf16 acts (Ampere+), per-channel scale
 ]
