@@ -305,7 +305,7 @@ function factsTable(env) {
   const g = env.gpu || {};
   add("GPU", `${g.name || "none"}${g.cc ? ` (sm${String(g.cc).replace(".", "")})` : ""} · ${g.label || g.class || "?"}`);
   add("fp8 native", g.fp8_native ? "yes" : "no (this pack’s fp8 fallback applies)");
-  add("Triton support", g.triton);
+  if (!tr.import_error) add("Triton support", g.triton);
   const c = env.c_compiler || {};
   add("C compiler", c.kind ? `${c.kind}${c.path ? ` (${c.path})` : ""}${c.note ? ` — ${c.note}` : ""}` : (c.note || "none"));
   return h("table", { class: "tritonkit-facts", "data-tk": "facts" }, rows);
