@@ -30,7 +30,30 @@ writes a 0-element marker and a ``<layer>.scale_input`` of 1.0 for every Linear 
 
 Weights: normal(0, 0.02) (biases too), norm scales 1, norm biases 0; each tensor drawn from
 its own generator seeded by (seed, name), so a tensor's values don't depend on the config's
-other tensors, the dtype or the device it was drawn on (same device kind)."""
+other tensors or the dtype (the fp8 and bf16 files of one seed hold the same weights).
+
+ComfyUI on CPU (0.3.75): UNETLoader with weight_dtype "default" loads every file, fp8 ones
+included, as float32 (``model weight dtype torch.float32``); fp8 weights stay fp8 in memory
+(cast per forward, ``manual cast: torch.float32``) only with weight_dtype "fp8_e4m3fn"/
+"fp8_e5m2", or with a scaled-fp8 file. Casting the tiny Flux's 531 M fp8 weights costs seconds
+per forward on 2 cores; HunyuanVideo tiny (6.1 M, the same double/single-stream blocks) is the
+cheap model for interpreter-heavy tests.
+
+Usage in a test (see tests/test_tiny_models.py)::
+
+    import tiny_models as tm
+    from comfy_harness import ComfyServer, TEST_NODES
+    info = tm.cached_models(tm.FLUX_TINY_CONFIG, [(torch.bfloat16, False)])[0]   # made once per machine
+    with ComfyServer(tmp_path / "base", extra_packs=TEST_NODES) as srv:
+        name = tm.install_model(info, srv.base / "models")                     # symlink into diffusion_models
+        prompt = tm.flux_workflow(name, "fp8_e4m3fn", patch_nodes=[("TritonKitFp8Fallback", {"mode": "auto"})])
+        entry = srv.run(prompt)
+        stats = json.loads(entry["outputs"][tm.NODE_OUT]["tritonkit_latent"][0])  # shape, finite, mean, std…
+        latent = safetensors.torch.load_file(srv.base / "output" / stats["file"])["latent"]
+
+Counting calls from the pack under test: ``sys.modules.get("tritonkit_test_counters")`` exists
+in a server that loaded the test nodes; ``.counts[key] += 1`` there and read the counters back
+with a ``TritonKitTestCounters`` node (its UI output ``tritonkit_counters``)."""
 from __future__ import annotations
 
 import hashlib
