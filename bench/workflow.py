@@ -1,0 +1,682 @@
+"""End-to-end fp8 workflows through ComfyUI's own code: what a user gains from the pack.
+
+    UNETLoader (fp8) → [TritonKitFp8Fallback] → [TritonKitAttention] → [TorchCompileModel] → KSampler
+
+Models are random-weight instances of the real architectures (Flux-dev, HunyuanVideo T2V),
+written with ``safetensors`` as fp8 e4m3fn (and, for Flux, legacy "scaled fp8" with
+per-layer ``scale_weight``) by ``tests/tiny_models.py``; full-size ones are drawn on the GPU
+and written to ``--models-dir`` (default a temp folder), never downloaded.
+
+ComfyUI (the vendored 0.3.75 in ``.comfyui/``) runs **in-process** (``bench/_comfy_inproc.py``
+says why): its node classes are called directly with the inputs the executor would give them,
+conditioning tensors are fed directly (no text encoders, no VAE) and the latent is zeros, as
+from ``EmptyLatentImage``. One forward per step (cfg 1, as Flux-dev/HunyuanVideo are run).
+
+Per run it measures:
+
+* s/step: mean over steps 2..N (the first step is excluded for every run and reported on its
+  own as ``first step``; for compiled runs ``compile`` = first step − s/step, the time a user
+  waits for Inductor). Steps are timed with an ``APPLY_MODEL`` wrapper that synchronises the
+  GPU around each diffusion-model call.
+* peak GPU memory (``torch.cuda.max_memory_allocated`` over the whole KSampler call, weights
+  included).
+* the final latent against the same model's ``default`` eager run: relative error
+  ``‖x − ref‖ / ‖ref‖`` and cosine similarity.
+* for compiled runs: dynamo frames compiled, graph breaks, frames compiled after the first
+  step (a recompile per step shows up here), and how many Triton kernels Inductor generated
+  that use the ``fp8e4nv`` type (what official Triton refuses below sm89).
+* the pack's own counters (attention calls served / fallen back, fp8 kernel calls) where the
+  node modules expose them.
+
+Configurations (``--plan``, comma-separated ``MODEL:CONFIG[:compiled][@ARCH]``):
+``MODEL`` ∈ flux, flux-scaled, hunyuan, hunyuan-scaled; ``CONFIG`` ∈ default, fp8 (Fallback
+``auto``), fp8-cast (``cast-only``), attn-exact, attn-8bit, attn-auto, both (fp8 ``auto`` +
+attention ``auto``, the nodes' defaults), both-exact, both-8bit, both-cast (fp8 ``cast-only``
++ attention ``auto``); ``@86`` runs with
+``TRITONKIT_FORCE_ARCH=86`` (the pack behaves as on an RTX 3090; ComfyUI's own default path
+is the same there, so ``default`` is only run natively). Runs are made in the order given;
+with ``--budget-s`` a run that would not finish in the time left is skipped (and listed).
+
+Presets: ``tiny`` (CPU, CI: 1+1-block Flux at 64×64 and 1+1-block HunyuanVideo hidden 256),
+``flux-1024`` (Flux-dev 12B at 1024×1024, 512 text tokens), ``hunyuan`` (HunyuanVideo 13B at
+544×960, 33 frames → 9×68×120 latent, 18,360 image tokens + 256 text tokens),
+``gpu`` (both, Flux first).
+
+Output: ``--out DIR`` gets ``workflow.json`` and ``workflow.md`` (rewritten after every run,
+so a run stopped early still leaves what it measured).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import glob
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests"))
+
+import _comfy_inproc as inproc  # noqa: E402
+import tiny_models as tm  # noqa: E402
+
+FP8_NODE = "TritonKitFp8Fallback"
+ATTN_NODE = "TritonKitAttention"
+ARCH_ENV = "TRITONKIT_FORCE_ARCH"
+
+# config name → (fp8 mode or None, attention mode or None)
+CONFIGS = {
+    "default": (None, None),
+    "fp8": ("auto", None),
+    "fp8-cast": ("cast-only", None),
+    "attn-exact": (None, "exact"),
+    "attn-8bit": (None, "8-bit"),
+    "attn-auto": (None, "auto"),
+    "both": ("auto", "auto"),
+    "both-exact": ("auto", "exact"),
+    "both-8bit": ("auto", "8-bit"),
+    "both-cast": ("cast-only", "auto"),
+}
+
+# model key → (architecture config name, scaled fp8, UNETLoader weight_dtype). The scaled-fp8
+# file is loaded with fp8_e4m3fn too: "default" gives the same fp8 model on an sm89+ GPU or a
+# 24 GB card, but would upcast the tiny model on CPU.
+MODELS = {
+    "flux": ("flux", False, "fp8_e4m3fn"),
+    "flux-scaled": ("flux", True, "fp8_e4m3fn"),
+    "hunyuan": ("hunyuan", False, "fp8_e4m3fn"),
+    "hunyuan-scaled": ("hunyuan", True, "fp8_e4m3fn"),
+}
+
+PRESETS = {
+    "tiny": dict(device="cpu", steps=2,  # tiny Flux is 0.56 B parameters (hidden 3072 is forced): ~20 s/step on 2 cores
+                 flux=dict(config=tm.FLUX_TINY_CONFIG, width=64, height=64, frames=0, tokens=8, guidance=3.5),
+                 hunyuan=dict(config=tm.HUNYUAN_VIDEO_TINY_CONFIG, width=64, height=64, frames=5, tokens=8,
+                              guidance=6.0),
+                 # the CI plan (tests/test_workflow_bench.py): on CPU the fused linear runs through the
+                 # Triton interpreter at ~2 s a launch, so CI patches with cast-only there
+                 plan="hunyuan:default,hunyuan:attn-exact,hunyuan:attn-8bit,hunyuan:both-cast,"
+                      "hunyuan:both-cast:compiled,hunyuan-scaled:default,hunyuan-scaled:fp8-cast"),
+    "flux-1024": dict(device="cuda", steps=6,
+                      flux=dict(config=tm.FLUX_DEV_CONFIG, width=1024, height=1024, frames=0, tokens=512,
+                                guidance=3.5),
+                      plan="flux:default,flux:both,flux:default:compiled,flux:both:compiled,flux:both@86,"
+                           "flux:fp8,flux:attn-exact,flux:attn-8bit,flux:both:compiled@86"),
+    "hunyuan": dict(device="cuda", steps=4,
+                    hunyuan=dict(config=tm.HUNYUAN_VIDEO_CONFIG, width=960, height=544, frames=33, tokens=256,
+                                 guidance=6.0, steps=4),
+                    plan="hunyuan:default,hunyuan:both,hunyuan:both@86,hunyuan:default:compiled,"
+                         "hunyuan:both:compiled"),
+}
+# One GPU call: every Flux run first (one model load), HunyuanVideo eager, then what time allows.
+# "@86" only changes the pack's fp8 choices (ComfyUI's own path is the same below and above
+# sm89 for fp8_e4m3fn weights), so it is run eager; the compiled default run's count of
+# fp8e4nv kernels shows what official Triton would refuse on a real sm86.
+PRESETS["gpu"] = dict(device="cuda", steps=6, flux=PRESETS["flux-1024"]["flux"],
+                      hunyuan=dict(PRESETS["hunyuan"]["hunyuan"]),
+                      plan="flux:default,flux:both,flux:fp8,flux:attn-exact,flux:attn-8bit,flux:both@86,"
+                           "flux:default:compiled,flux:both:compiled,"
+                           "hunyuan:default,hunyuan:both,hunyuan:both@86,hunyuan:default:compiled,"
+                           "hunyuan:both:compiled,flux-scaled:default,flux-scaled:both")
+
+
+@dataclasses.dataclass
+class Run:
+    model: str
+    config: str
+    compiled: bool = False
+    arch: str = "native"
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}:{self.config}{':compiled' if self.compiled else ''}" + \
+               ("" if self.arch == "native" else f"@{self.arch}")
+
+    @classmethod
+    def parse(cls, spec: str) -> "Run":
+        spec = spec.strip()
+        arch = "native"
+        if "@" in spec:
+            spec, arch = spec.split("@", 1)
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "compiled"):
+            raise ValueError(f"bad run spec {spec!r}: MODEL:CONFIG[:compiled][@ARCH]")
+        if parts[0] not in MODELS or parts[1] not in CONFIGS:
+            raise ValueError(f"bad run spec {spec!r}: models {list(MODELS)}, configs {list(CONFIGS)}")
+        return cls(parts[0], parts[1], len(parts) == 3, arch)
+
+
+# --------------------------------------------------------------------------- helpers
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def _env(**kv):
+    old = {k: os.environ.get(k) for k in kv}
+    for k, v in kv.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def compare(x: torch.Tensor, ref: torch.Tensor) -> dict:
+    x, ref = x.double().flatten(), ref.double().flatten()
+    finite = bool(torch.isfinite(x).all())
+    rel = float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+    cos = float(torch.nn.functional.cosine_similarity(x, ref, dim=0))
+    return {"rel_err": rel, "cosine": cos, "finite": finite}
+
+
+def _counter_snapshot(mod) -> dict:
+    """Flattens the numeric counters a node module exposes (module-level dicts/Counters whose
+    name mentions 'count' or 'stat', or a ``counters()``/``stats()`` function) into {name: n}."""
+    out = {}
+    if mod is None:
+        return out
+    if callable(getattr(mod, "stats", None)):  # the nodes' documented counters
+        try:
+            val = mod.stats()
+            if isinstance(val, dict):
+                return _flatten(val)
+        except Exception:
+            pass
+    for attr in dir(mod):
+        low = attr.lower()
+        if not any(k in low for k in ("count", "stat")) or attr.startswith("__"):
+            continue
+        try:
+            val = getattr(mod, attr)
+            if callable(val) and not isinstance(val, dict):
+                if attr.startswith("_") or getattr(val, "__module__", None) != mod.__name__:
+                    continue
+                try:
+                    val = val()
+                except TypeError:
+                    continue
+            if isinstance(val, dict):
+                for k, v in _flatten(val).items():
+                    out[f"{attr}.{k}"] = v
+        except Exception:
+            continue
+    return out
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = v
+    return out
+
+
+def _delta(before: dict, after: dict) -> dict:
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+def _fp8_op_layers(model) -> int:
+    """ComfyUI ops of the diffusion model whose weight is stored in fp8."""
+    import comfy.ops
+    dm = model.get_model_object("diffusion_model")
+    return sum(1 for _, mod in dm.named_modules() if isinstance(mod, comfy.ops.CastWeightBiasOp)
+               and getattr(mod, "weight", None) is not None and mod.weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2))
+
+
+def _fp8_run_stats(mod, fp8_layers: int, patched: int) -> dict:
+    """The fp8 node's per-run accounting (``STATS``: layers that ran through Triton, kernel
+    launches, torch fallbacks by reason), reset by its OUTER_SAMPLE wrapper at each run."""
+    out = {"fp8_layers": fp8_layers, "layers_patched": patched}
+    st = getattr(mod, "STATS", None) if mod is not None else None
+    if st is None:
+        return out
+    try:
+        layers = dict(st.layers)
+        out["layers_through_triton"] = len(layers)
+        for path in set(layers.values()):
+            out[f"layers_{path}"] = sum(1 for v in layers.values() if v == path)
+        for k, v in st.launches().items():
+            out[f"launches_{k}"] = v
+        for reason, n in st.fallbacks.items():
+            out[f"fallback: {reason}"] = n
+    except Exception as e:  # noqa: BLE001
+        out["stats_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _dynamo_counters() -> dict:
+    from torch._dynamo.utils import counters
+    return {"frames": counters["frames"].get("total", 0), "frames_ok": counters["frames"].get("ok", 0),
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "graph_break_reasons": sorted(counters["graph_break"].keys())[:5],
+            "unique_graphs": counters["stats"].get("unique_graphs", 0)}
+
+
+def _inductor_dir() -> str | None:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        return cache_dir()
+    except Exception:
+        return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def _fp8e4nv_kernels(since: float) -> dict:
+    """Triton kernels Inductor wrote since ``since`` and how many use the fp8e4nv type."""
+    d = _inductor_dir()
+    if not d or not os.path.isdir(d):
+        return {"triton_kernels": 0, "fp8e4nv_kernels": 0}
+    n = bad = 0
+    for path in glob.glob(os.path.join(d, "**", "*.py"), recursive=True):
+        try:
+            if os.path.getmtime(path) < since:
+                continue
+            text = open(path, encoding="utf-8", errors="replace").read()
+        except OSError:
+            continue
+        if "@triton.jit" not in text:
+            continue
+        n += 1
+        if "fp8e4nv" in text:
+            bad += 1
+    return {"triton_kernels": n, "fp8e4nv_kernels": bad}
+
+
+def versions(device: str) -> dict:
+    v = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import triton
+        v["triton"] = triton.__version__
+    except Exception as e:  # pragma: no cover
+        v["triton"] = f"unavailable ({e})"
+    try:
+        sys.path.insert(0, str(inproc.comfyui_dir()))
+        import comfyui_version
+        v["comfyui"] = comfyui_version.__version__
+    except Exception:
+        v["comfyui"] = "?"
+    if device == "cuda" and torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        v["gpu"] = p.name
+        v["sm"] = f"{p.major}{p.minor}"
+        v["gpu_mem_gib"] = round(p.total_memory / 2**30, 1)
+        try:
+            import subprocess
+            v["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                         capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception:
+            pass
+    else:
+        v["cpu"] = platform.processor() or platform.machine()
+        v["cpu_count"] = os.cpu_count()
+    return v
+
+
+# --------------------------------------------------------------------------- models and inputs
+def model_file(models_dir: Path, key: str, spec: dict, gen_device: str) -> tuple[str, dict, float]:
+    """Writes (once) the random fp8 model for ``key`` and returns (file name, description,
+    seconds spent writing)."""
+    arch, scaled, _ = MODELS[key]
+    cfg = spec["config"]
+    size = "tiny" if cfg["depth"] <= 2 else "full"
+    name = f"tk_bench_{arch}_{size}_{'scaledfp8' if scaled else 'fp8e4m3fn'}.safetensors"
+    path = models_dir / name
+    t0 = time.perf_counter()
+    if not path.exists():
+        tm.write_model(path, cfg, dtype=torch.float8_e4m3fn, scaled_fp8=scaled, seed=0, device=gen_device)
+    desc = tm.describe(cfg, torch.float8_e4m3fn, scaled)
+    return name, desc, time.perf_counter() - t0
+
+
+def conditioning(desc: dict, spec: dict, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    cond = torch.randn((1, spec["tokens"], desc["context_dim"]), generator=g)
+    extra = {"guidance": spec["guidance"]}
+    if desc.get("vec_dim"):
+        extra["pooled_output"] = torch.randn((1, desc["vec_dim"]), generator=g)
+    return [[cond, extra]]
+
+
+def empty_latent(model, spec: dict) -> dict:
+    lf = model.get_model_object("latent_format")
+    down = getattr(lf, "spacial_downscale_ratio", 8)
+    h, w = spec["height"] // down, spec["width"] // down
+    if spec.get("frames"):
+        t = (spec["frames"] - 1) // 4 + 1  # HunyuanVideo's VAE: 4x temporal compression
+        return {"samples": torch.zeros((1, lf.latent_channels, t, h, w))}
+    return {"samples": torch.zeros((1, lf.latent_channels, h, w))}
+
+
+def image_tokens(latent: dict) -> int:
+    s = latent["samples"].shape
+    return math.prod(s[2:-2]) * (s[-2] // 2) * (s[-1] // 2)
+
+
+# --------------------------------------------------------------------------- one run
+class StepTimer:
+    """An APPLY_MODEL wrapper: GPU-synchronised start/end of every diffusion-model call and the
+    dynamo frame count at each start."""
+
+    def __init__(self, device):
+        self.device = device
+        self.starts, self.ends, self.frames = [], [], []
+
+    def __call__(self, executor, *args, **kwargs):
+        _sync(self.device)
+        self.frames.append(_dynamo_counters()["frames"])
+        self.starts.append(time.perf_counter())
+        out = executor(*args, **kwargs)
+        _sync(self.device)
+        self.ends.append(time.perf_counter())
+        return out
+
+    def step_times(self) -> list[float]:
+        s = self.starts
+        return [s[i + 1] - s[i] for i in range(len(s) - 1)] + ([self.ends[-1] - s[-1]] if s else [])
+
+
+def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, device: str,
+            compile_backend: str) -> dict:
+    import comfy.patcher_extension as pe
+    fp8_mode, attn_mode = CONFIGS[run.config]
+    rec = {"run": run.label, "model": run.model, "config": run.config, "fp8": fp8_mode, "attention": attn_mode,
+           "compiled": run.compiled, "arch": run.arch, "steps": steps}
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+    counters.clear()
+    arch_env = None if run.arch == "native" else run.arch
+    fp8_mod, attn_mod = inproc.node_module(FP8_NODE), inproc.node_module(ATTN_NODE)
+    with _env(**{ARCH_ENV: arch_env}):
+        m = base
+        if fp8_mode:
+            m = inproc.call_node(FP8_NODE, model=m, mode=fp8_mode)[0]
+        if attn_mode:
+            m = inproc.call_node(ATTN_NODE, model=m, mode=attn_mode)[0]
+        if run.compiled:
+            m = inproc.call_node("TorchCompileModel", model=m, backend=compile_backend)[0]
+        patched_layers = sum(1 for k in getattr(m, "object_patches", {}) if k.endswith(".forward_comfy_cast_weights"))
+        base_fp8_layers = _fp8_op_layers(base)
+        m = m.clone()
+        timer = StepTimer(device)
+        m.add_wrapper_with_key(pe.WrappersMP.APPLY_MODEL, "tritonkit_bench_timer", timer)
+        c_fp8, c_attn = _counter_snapshot(fp8_mod), _counter_snapshot(attn_mod)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        t_start = time.time()
+        t0 = time.perf_counter()
+        out = inproc.call_node("KSampler", model=m, seed=seed, steps=steps, cfg=1.0, sampler_name="euler",
+                               scheduler="simple", positive=cond, negative=neg, latent_image=latent, denoise=1.0)[0]
+        _sync(device)
+        rec["wall_s"] = time.perf_counter() - t0
+    steps_t = timer.step_times()
+    rec["step_times_s"] = [round(x, 5) for x in steps_t]
+    rec["first_step_s"] = steps_t[0] if steps_t else None
+    rest = steps_t[1:]
+    rec["s_per_step"] = sum(rest) / len(rest) if rest else (steps_t[0] if steps_t else None)
+    rec["forward_calls"] = len(timer.starts)
+    if run.compiled and rec["first_step_s"] is not None and rest:
+        rec["compile_s"] = rec["first_step_s"] - rec["s_per_step"]
+    if device == "cuda":
+        rec["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        rec["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    if run.compiled:
+        dc = _dynamo_counters()
+        rec["dynamo"] = dc
+        rec["dynamo"]["frames_after_first_step"] = dc["frames"] - (timer.frames[1] if len(timer.frames) > 1 else dc["frames"])
+        if device == "cuda" and compile_backend == "inductor":
+            rec["inductor"] = _fp8e4nv_kernels(t_start - 1)
+    rec["fp8_counters"] = _delta(c_fp8, _counter_snapshot(fp8_mod))
+    rec["fp8_counters"].update(_fp8_run_stats(fp8_mod, base_fp8_layers, patched_layers) if fp8_mode else {})
+    rec["attention_counters"] = _delta(c_attn, _counter_snapshot(attn_mod))
+    rec["latent"] = out["samples"].detach().float().cpu()
+    del m, out, timer
+    torch._dynamo.reset()
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rec
+
+
+# --------------------------------------------------------------------------- reporting
+def _fmt(x, nd=3):
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        if x != 0 and (abs(x) < 10 ** -nd or abs(x) >= 1e5):
+            return f"{x:.2e}"
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def annotate(results: list[dict]) -> None:
+    """Accuracy and speed-up against the same model's default runs (eager; and default in the
+    same compile mode for the second speed-up)."""
+    base = {}
+    for r in results:
+        if r.get("error") or r.get("skipped"):
+            continue
+        if r["config"] == "default" and r["arch"] == "native":
+            base.setdefault((r["model"], r["compiled"]), r)
+    for r in results:
+        if r.get("error") or r.get("skipped"):
+            continue
+        ref = base.get((r["model"], False))
+        if ref is not None and "latent" in r and "latent" in ref:
+            r.update(compare(r["latent"], ref["latent"]))
+        if ref is not None and r.get("s_per_step") and ref.get("s_per_step"):
+            r["speedup_vs_default_eager"] = ref["s_per_step"] / r["s_per_step"]
+        same = base.get((r["model"], r["compiled"]))
+        if same is not None and r.get("s_per_step") and same.get("s_per_step"):
+            r["speedup_vs_default_same_mode"] = same["s_per_step"] / r["s_per_step"]
+
+
+def markdown(meta: dict, results: list[dict]) -> str:
+    v = meta["versions"]
+    lines = [f"Device: {v.get('gpu', v.get('cpu'))}" + (f" (sm{v['sm']}, {v['gpu_mem_gib']} GiB), driver {v.get('driver', '?')}" if "gpu" in v else f", {v.get('cpu_count')} cores") +
+             f"; torch {v['torch']}, Triton {v['triton']}, Python {v['python']}, ComfyUI {v['comfyui']}.",
+             f"Command: `{meta['command']}`", ""]
+    for key, m in meta.get("models", {}).items():
+        lines.append(f"- `{key}`: {m['params'] / 1e9:.2f} B parameters, {m['size']}, {m.get('image_tokens')} image + "
+                     f"{m.get('text_tokens')} text tokens, {m.get('steps', meta['steps'])} steps euler/simple, cfg 1"
+                     + (f"; file written in {m['write_s']:.0f} s, loaded by UNETLoader in {m['load_s']:.1f} s"
+                        if "load_s" in m else ""))
+    lines += ["", "| run | fp8 Fallback | Attention | compiled | arch | s/step | × default (same mode) | × default eager "
+              "| first step (s) | compile (s) | peak GiB | rel err | cosine | notes |",
+              "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in results:
+        if r.get("skipped") or r.get("error"):
+            lines.append(f"| {r['run']} | | | | | | | | | | | | | {'skipped: ' + r['skipped'] if r.get('skipped') else 'FAILED: ' + r['error'][:200].replace('|', '/')} |")
+            continue
+        notes = []
+        if r.get("dynamo"):
+            d = r["dynamo"]
+            notes.append(f"{d['frames']} frame(s) compiled, {d['graph_breaks']} graph break(s), "
+                         f"{d['frames_after_first_step']} recompile(s) after step 1")
+        if r.get("inductor"):
+            notes.append(f"{r['inductor']['fp8e4nv_kernels']}/{r['inductor']['triton_kernels']} Inductor kernels use fp8e4nv")
+        for k in ("attention_counters", "fp8_counters"):
+            if r.get(k):
+                notes.append(", ".join(f"{a}={b}" for a, b in sorted(r[k].items())[:6]))
+        lines.append("| " + " | ".join([
+            r["run"], r["fp8"] or "–", r["attention"] or "–", "yes" if r["compiled"] else "no", r["arch"],
+            _fmt(r.get("s_per_step")), _fmt(r.get("speedup_vs_default_same_mode"), 2),
+            _fmt(r.get("speedup_vs_default_eager"), 2), _fmt(r.get("first_step_s"), 2), _fmt(r.get("compile_s"), 1),
+            _fmt(r.get("peak_mem_gib"), 2), _fmt(r.get("rel_err"), 4), _fmt(r.get("cosine"), 5),
+            "; ".join(notes)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out_dir: Path | None, meta: dict, results: list[dict]) -> tuple[dict, str]:
+    annotate(results)
+    clean = [{k: v for k, v in r.items() if k != "latent"} for r in results]
+    doc = {**meta, "runs": clean}
+    md = markdown(meta, results)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "workflow.json").write_text(json.dumps(doc, indent=1, default=str))
+        (out_dir / "workflow.md").write_text(md)
+    return doc, md
+
+
+# --------------------------------------------------------------------------- driver
+def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None = None, out_dir=None,
+              models_dir=None, budget_s: float | None = None, compile_backend: str = "inductor",
+              seed: int = 0, command: str | None = None, log=print, overrides: dict | None = None) -> dict:
+    """Builds the models, runs the plan and returns {"meta", "runs", "markdown", "results"}
+    (``results`` keep the final latents as tensors)."""
+    t_begin = time.perf_counter()
+    p = dict(PRESETS[preset])
+    for k, v in (overrides or {}).items():
+        p[k] = dict(p[k], **v) if isinstance(v, dict) else v
+    device = p["device"]
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"preset {preset!r} needs a CUDA GPU")
+    steps_cli = steps
+    steps = steps or p["steps"]
+    runs = [Run.parse(s) for s in (plan or p["plan"]).split(",") if s.strip()]
+    models_dir = Path(models_dir or tempfile.mkdtemp(prefix="tk_bench_models_"))
+    models_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir) if out_dir else None
+    st = inproc.setup(device, models_dir)
+    meta = {"preset": preset, "device": device, "steps": steps, "seed": seed, "compile_backend": compile_backend,
+            "command": command or f"run_bench(preset={preset!r})", "versions": versions(device),
+            "pack_loaded": st["pack_loaded"], "nodes_not_registered_by_pack": st.get("imported_directly", []),
+            "models": {}, "env": {k: os.environ[k] for k in os.environ
+                                                                    if k.startswith("TRITONKIT_")}}
+    missing = [n for n in (FP8_NODE, ATTN_NODE) if n not in st["classes"]]
+    if missing:
+        log(f"[workflow] nodes not registered: {missing}; runs that need them will fail")
+    results: list[dict] = []
+    loaded: dict = {}
+    seen_compile: dict = {}
+    seen_step: dict = {}
+
+    def left():
+        return None if budget_s is None else budget_s - (time.perf_counter() - t_begin)
+
+    for run in runs:
+        arch_key = MODELS[run.model][0]
+        spec = p.get(arch_key)
+        if spec is None:
+            results.append({"run": run.label, "model": run.model, "config": run.config, "compiled": run.compiled,
+                            "arch": run.arch, "skipped": f"preset {preset} has no {arch_key} model"})
+            continue
+        if run.model not in loaded:
+            est = 150.0 if device == "cuda" and spec["config"]["depth"] > 2 else 5.0
+            if left() is not None and left() < est:
+                results.append({"run": run.label, "model": run.model, "config": run.config, "compiled": run.compiled,
+                                "arch": run.arch, "skipped": f"time budget ({left():.0f} s left, model not built)"})
+                continue
+            # free the previous model's GPU memory before the next one
+            for k in list(loaded):
+                del loaded[k]
+            st["mm"].unload_all_models()
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            log(f"[workflow] writing {run.model} ({spec['config']['arch']}, depth {spec['config']['depth']}) "
+                f"to {models_dir}")
+            name, desc, write_s = model_file(models_dir, run.model, spec, device)
+            t0 = time.perf_counter()
+            model = inproc.call_node("UNETLoader", unet_name=name, weight_dtype=MODELS[run.model][2])[0]
+            load_s = time.perf_counter() - t0
+            cond = conditioning(desc, spec, seed)
+            neg = conditioning(desc, spec, seed + 1)
+            latent = empty_latent(model, spec)
+            loaded[run.model] = (model, cond, neg, latent)
+            size = f"{spec['width']}×{spec['height']}" + (f"×{spec['frames']} frames" if spec.get("frames") else "")
+            meta["models"][run.model] = {"arch": desc["arch"], "params": desc["params"], "size": size,
+                                         "latent_shape": list(latent["samples"].shape),
+                                         "image_tokens": image_tokens(latent), "text_tokens": spec["tokens"],
+                                         "weight_dtype": MODELS[run.model][2], "scaled_fp8": desc["scaled_fp8"],
+                                         "file": name, "write_s": write_s, "load_s": load_s,
+                                         "steps": steps_cli or spec.get("steps") or steps,
+                                         "manual_cast_dtype": str(model.model.manual_cast_dtype),
+                                         "ops": type(model.model.diffusion_model.double_blocks[0].img_attn.qkv).__qualname__
+                                         if hasattr(model.model.diffusion_model, "double_blocks") else "?"}
+        model, cond, neg, latent = loaded[run.model]
+        n_steps = steps_cli or spec.get("steps") or steps
+        est = (n_steps + 1) * seen_step.get(run.model, 1.0) + 10
+        if run.compiled:
+            est += seen_compile.get(run.model, 120.0 if device == "cuda" else 30.0)
+        if left() is not None and left() < est:
+            results.append({"run": run.label, "model": run.model, "config": run.config, "compiled": run.compiled,
+                            "arch": run.arch, "skipped": f"time budget ({left():.0f} s left, ~{est:.0f} s needed)"})
+            write_outputs(out_dir, meta, results)
+            continue
+        log(f"[workflow] {run.label} …")
+        try:
+            rec = run_one(st, model, run, cond, neg, latent, n_steps, seed, device, compile_backend)
+            if rec.get("s_per_step"):
+                seen_step[run.model] = max(seen_step.get(run.model, 0), rec["s_per_step"])
+            if rec.get("compile_s"):
+                seen_compile[run.model] = max(seen_compile.get(run.model, 0), rec["compile_s"] * 1.2)
+            log(f"[workflow]   {rec['s_per_step']:.4f} s/step, first step {rec['first_step_s']:.2f} s"
+                + (f", peak {rec['peak_mem_gib']:.2f} GiB" if "peak_mem_gib" in rec else ""))
+        except Exception as e:
+            tb = traceback.format_exc()
+            log(f"[workflow]   FAILED: {e}\n{tb}")
+            rec = {"run": run.label, "model": run.model, "config": run.config, "compiled": run.compiled,
+                   "arch": run.arch, "error": f"{type(e).__name__}: {e}", "traceback": tb[-4000:]}
+            torch._dynamo.reset()
+            gc.collect()
+        results.append(rec)
+        write_outputs(out_dir, meta, results)
+    meta["total_s"] = time.perf_counter() - t_begin
+    doc, md = write_outputs(out_dir, meta, results)
+    return {"meta": meta, "runs": doc["runs"], "markdown": md, "results": results}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--plan", help="comma-separated MODEL:CONFIG[:compiled][@ARCH] (default: the preset's)")
+    ap.add_argument("--steps", type=int, help="sampling steps per run (default: the preset's)")
+    ap.add_argument("--out", default="artifacts/workflow", help="folder for workflow.json / workflow.md")
+    ap.add_argument("--models-dir", help="where the random fp8 models are written (default: a temp folder)")
+    ap.add_argument("--budget-s", type=float, help="skip runs that would not finish within this many seconds")
+    ap.add_argument("--compile-backend", default="inductor", help="backend given to TorchCompileModel")
+    ap.add_argument("--hunyuan-frames", type=int, help="override the HunyuanVideo frame count")
+    ap.add_argument("--hunyuan-size", help="override the HunyuanVideo WxH, e.g. 960x544")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    ov = {}
+    if a.hunyuan_frames or a.hunyuan_size:
+        ov["hunyuan"] = {}
+        if a.hunyuan_frames:
+            ov["hunyuan"]["frames"] = a.hunyuan_frames
+        if a.hunyuan_size:
+            w, h = (int(x) for x in a.hunyuan_size.lower().split("x"))
+            ov["hunyuan"].update(width=w, height=h)
+    cmd = "python bench/workflow.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    res = run_bench(a.preset, a.plan, a.steps, a.out, a.models_dir, a.budget_s, a.compile_backend, a.seed, cmd,
+                    overrides=ov)
+    print(res["markdown"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
