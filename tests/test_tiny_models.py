@@ -144,12 +144,33 @@ def test_flux(server, flux_files, variant, weight_dtype):
         assert "Using scaled fp8: fp8 matrix mult: False, scale input: True" in log
 
 
-def test_hunyuan_video(server):
-    info = tm.cached_models(tm.HUNYUAN_VIDEO_TINY_CONFIG, [(torch.bfloat16, False)])[0]
+@pytest.fixture(scope="module")
+def hv_files():
+    files = tm.cached_models(tm.HUNYUAN_VIDEO_TINY_CONFIG, [(torch.bfloat16, False), (FP8, False), (FP8, True)])
+    return dict(zip(("bf16", "fp8", "scaled"), files))
+
+
+HV_LATENTS = {}
+
+
+@pytest.mark.parametrize("variant,weight_dtype", [("bf16", "default"), ("bf16", "fp8_e4m3fn"),
+                                                  ("fp8", "fp8_e4m3fn"), ("scaled", "default")])
+def test_hunyuan_video(server, hv_files, variant, weight_dtype):
+    info = hv_files[variant]
     name = tm.install_model(info, server.base / "models")
-    stats, latent, counts = _run(server, tm.hunyuan_video_workflow(name, frames=2, prefix="hv"), info)
+    prompt = tm.hunyuan_video_workflow(name, weight_dtype, frames=2, prefix=f"hv_{variant}_{weight_dtype}")
+    stats, latent, counts = _run(server, prompt, info)
     assert stats["finite"] and stats["shape"] == [1, 16, 2, 8, 8], stats
     assert torch.isfinite(latent).all() and latent.std() > 0
+    HV_LATENTS[(variant, weight_dtype)] = latent
+    ref = HV_LATENTS.get(("bf16", "default"))
+    if ref is not None and (variant, weight_dtype) != ("bf16", "default"):
+        # The same seed gives the same weights in every file: fp8 rounding only moves the result a bit.
+        cos = torch.nn.functional.cosine_similarity(latent.flatten(), ref.flatten(), dim=0)
+        print(f"cosine vs bf16 {variant}/{weight_dtype}: {float(cos):.5f}")
+        assert cos > 0.99, (variant, weight_dtype, float(cos))
+    if weight_dtype == "fp8_e4m3fn" or variant == "scaled":
+        assert "model weight dtype torch.float8_e4m3fn" in server.log()
     assert counts["counts"]["unet"] == 2, counts
     # token refiner (2 blocks, text only), 1 double, 1 single block; 2 heads of 128.
     assert counts["counts"]["attn"] == 8 and counts["counts"]["attn.head_dim.128"] == 8, counts
