@@ -89,23 +89,28 @@ def accuracy(out, q, k, v, rows):
             "max_row_rel": rel_row.max().item(), "finite": finite}
 
 
-def kernel_report(shape, dtype, mode):
-    """Registers, spills, shared memory and whether wgmma is used, for the config the autotune chose."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    B, H, L, D = shape
-    cc = A._device_cc(torch.device("cuda"))
-    bd = A.block_d_for(D)
-    int8 = mode == "int8"
-    key = [k for k in A.tune_cache() if k[2] == bd and k[3] == int8 and k[1] == str(dtype)]
-    cfg = A.tune_cache()[key[-1]] if key else A.candidates(cc, bd, 2, int8)[0]
-    kern, sig, consts, _ = A._spec(dtype, int8, D, cfg, (cc,))
-    ck = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=consts), target=GPUTarget("cuda", cc, 32),
-                        options={"num_warps": cfg[2], "num_stages": cfg[3]})
-    ck._init_handles()
-    ptx = ck.asm["ptx"]
-    return {"config": list(cfg), "n_regs": ck.n_regs, "n_spills": ck.n_spills, "shared": ck.metadata.shared,
-            "wgmma": "wgmma" in ptx, "mma_sync": "mma.sync" in ptx}
+def kernel_reports():
+    """Registers, spills, shared memory and the MMA instructions of every attention kernel the JIT
+    compiled in this run (the real, specialised binaries), with their block config."""
+    reps = []
+    for dev_cache in A.attn_fwd_kernel.device_caches.values():
+        for ck in list(dev_cache[0].values()):
+            try:
+                ck._init_handles()
+                names = ck.src.fn.arg_names
+                consts = {}
+                for key, val in ck.src.constants.items():
+                    name = names[key[0]] if isinstance(key, tuple) else key
+                    if name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "INT8", "MASK_KIND", "ALIGN8", "IS_CAUSAL"):
+                        consts[name] = val
+                ptx = ck.asm["ptx"]
+                reps.append({**consts, "num_warps": ck.metadata.num_warps, "num_stages": ck.metadata.num_stages,
+                             "n_regs": ck.n_regs, "n_spills": ck.n_spills, "shared": ck.metadata.shared,
+                             "wgmma": "wgmma" in ptx, "mma_sync": "mma.sync" in ptx,
+                             "cp_async": "cp.async" in ptx, "ld_v4": "ld.global.v4" in ptx})
+            except Exception as e:  # noqa: BLE001
+                reps.append({"error": f"{type(e).__name__}: {e}"})
+    return reps
 
 
 def main():
@@ -154,11 +159,6 @@ def main():
             except Exception as e:  # noqa: BLE001
                 row[mname] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}
             torch.cuda.empty_cache()
-        for mode in ("exact", "int8"):
-            try:
-                row[f"kernel_{mode}"] = kernel_report(shape, dtype, mode)
-            except Exception as e:  # noqa: BLE001
-                row[f"kernel_{mode}"] = {"error": f"{type(e).__name__}: {e}"}
         results.append(row)
         print(json.dumps(row), flush=True)
         del q, k, v, qo, ko, vo
@@ -179,8 +179,11 @@ def main():
         ratio = (lambda a: f"{a / cud:.2f}x" if (a and cud) else "n/a")
         print(f"| {r['shape']} {tuple(r['BHLD'])} | " + " | ".join(cells) + f" | {ratio(ex)} | {ratio(i8)} |")
     print("\nautotune choices:", {str(k): v for k, v in A.tune_cache().items()})
+    kreps = kernel_reports()
+    for r in kreps:
+        print("kernel:", json.dumps(r))
     if args.json:
-        Path(args.json).write_text(json.dumps({"env": env, "results": results,
+        Path(args.json).write_text(json.dumps({"env": env, "results": results, "kernels": kreps,
                                                "tune": {str(k): v for k, v in A.tune_cache().items()}}, indent=1))
 
 

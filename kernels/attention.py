@@ -61,10 +61,26 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, INT8: tl.constexpr,
-                    DOT_F32: tl.constexpr, INT64: tl.constexpr):
+                    DOT_F32: tl.constexpr, INT64: tl.constexpr, ALIGN8: tl.constexpr = False):
     """One program = BLOCK_M query rows of one (batch, head). 1-D grid, query blocks fastest, so
     the programs of one head run together and share its K/V in L2."""
     PAD_D: tl.constexpr = HEAD_DIM != BLOCK_D
+    if ALIGN8:
+        # Every row start is 16-byte aligned (the launcher checked): tell the compiler, so rows of
+        # e.g. 40 or 80 elements still load as 16-byte vectors (Triton only infers alignment from
+        # strides that are multiples of 16).
+        stride_qb = tl.multiple_of(stride_qb, 8)
+        stride_qh = tl.multiple_of(stride_qh, 8)
+        stride_ql = tl.multiple_of(stride_ql, 8)
+        stride_kb = tl.multiple_of(stride_kb, 8)
+        stride_kh = tl.multiple_of(stride_kh, 8)
+        stride_kl = tl.multiple_of(stride_kl, 8)
+        stride_vb = tl.multiple_of(stride_vb, 8)
+        stride_vh = tl.multiple_of(stride_vh, 8)
+        stride_vl = tl.multiple_of(stride_vl, 8)
+        stride_ob = tl.multiple_of(stride_ob, 8)
+        stride_oh = tl.multiple_of(stride_oh, 8)
+        stride_ol = tl.multiple_of(stride_ol, 8)
     pid = tl.program_id(0)
     num_m = (Lq + BLOCK_M - 1) // BLOCK_M
     start_m = pid % num_m
@@ -261,8 +277,8 @@ def arch_family(cc: int) -> str:
 
 
 # Shared memory per block the configs may use (bytes, with a margin for Triton's scratch).
-_SMEM = {"sm75": 64 * 1024, "sm80": 160 * 1024, "sm86": 96 * 1024, "sm90": 220 * 1024,
-         "sm100": 220 * 1024, "sm120": 96 * 1024}
+_SMEM = {"sm75": 64 * 1024, "sm80": 160 * 1024, "sm86": 96 * 1024, "sm90": 227 * 1024,
+         "sm100": 227 * 1024, "sm120": 96 * 1024}
 
 # Candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) per arch family and padded head size
 # (<= 64, 128, 256). The first one is the default when timing is switched off or impossible.
@@ -277,11 +293,18 @@ _CANDIDATES = {
              128: [(128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 4, 2)],
              256: [(64, 32, 4, 2), (32, 32, 4, 2)]},
     "sm90": {64: [(128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3)],
-             128: [(128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3)],
+             128: [(128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3)],
+             256: [(128, 64, 8, 2), (64, 64, 4, 2)]},
+}
+# int8 Q·K has its own lists where they differ (measured on H200: 4 warps win for int8 at 128).
+_CANDIDATES_INT8 = {
+    "sm90": {64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 128, 4, 3)],
+             128: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 4)],
              256: [(128, 64, 8, 2), (64, 64, 4, 2)]},
 }
 _CANDIDATES["sm120"] = _CANDIDATES["sm86"]
 _CANDIDATES["sm100"] = _CANDIDATES["sm90"]
+_CANDIDATES_INT8["sm100"] = _CANDIDATES_INT8["sm90"]
 
 # Interpreter (CPU): the block sizes only change how many numpy steps run.
 CPU_CONFIG = (32, 32, 4, 1)
@@ -299,7 +322,8 @@ def _smem_bytes(cfg, block_d, in_bytes, int8):
 
 def candidates(cc: int, block_d: int, in_bytes: int = 2, int8: bool = False):
     fam = arch_family(cc)
-    cands = _CANDIDATES[fam][_dbucket(block_d)]
+    table = _CANDIDATES_INT8.get(fam, _CANDIDATES[fam]) if int8 else _CANDIDATES[fam]
+    cands = table[_dbucket(block_d)]
     fit = [c for c in cands if _smem_bytes(c, block_d, in_bytes, int8) <= _SMEM[fam]]
     return fit or cands[-1:]
 
@@ -534,6 +558,9 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
     int64 = max(Lq * sq[2], Lk * sk[2], Lk * sv[2], Lq * so[2], Lq * ms[2], Lk * ms[3],
                 (Lq + Lk) * block_d) >= big
     kern = kernel_for(attn_fwd_kernel, dev.type)
+    align8 = (D % 8 == 0
+              and all(st % 8 == 0 for st in (*sq, *sk, *sv, *so))
+              and all(t.data_ptr() % 16 == 0 for t in (q4, k4, v4, o)))
 
     mean = None
     if int8:
@@ -564,7 +591,7 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
             qss[0], qss[1], kss[0], kss[1],
             HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn,
             MASK_KIND=kind, IS_CAUSAL=bool(causal), INT8=bool(int8), DOT_F32=dot_f32, INT64=int64,
-            num_warps=nw, num_stages=ns)
+            ALIGN8=align8, num_warps=nw, num_stages=ns)
 
     if cfg is None:
         cfg = choose_config(dev, cc, q.dtype, block_d, int8, kind, causal, Lq, Lk, run, o)
@@ -707,7 +734,8 @@ def _attn_signature(in_ty: str, kv_in_ty: str, mask_ty: str, out_ty: str):
         sig[f"stride_m{d}"] = "i32"
     for n in ("stride_qsb", "stride_qsh", "stride_ksb", "stride_ksh"):
         sig[n] = "i32"
-    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_M", "BLOCK_N", "MASK_KIND", "IS_CAUSAL", "INT8", "DOT_F32", "INT64"):
+    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_M", "BLOCK_N", "MASK_KIND", "IS_CAUSAL", "INT8", "DOT_F32", "INT64",
+              "ALIGN8"):
         sig[n] = "constexpr"
     return sig
 
@@ -716,12 +744,13 @@ _TY = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FAMILY_ARCHS = {"sm75": (75,), "sm80": (80,), "sm86": (86, 89), "sm90": (90,), "sm120": (120,)}
 
 
-def _spec(dtype, int8, head_dim, cfg, archs, mask_kind=0, causal=False, int64=False):
+def _spec(dtype, int8, head_dim, cfg, archs, mask_kind=0, causal=False, int64=False, align8=False):
     bm, bn, nw, ns = cfg
     ty = _TY[dtype]
     sig = _attn_signature("i8" if int8 else ty, ty, {0: "fp32", 1: "i1", 2: "fp32"}[mask_kind], ty)
     consts = {"HEAD_DIM": head_dim, "BLOCK_D": block_d_for(head_dim), "BLOCK_M": bm, "BLOCK_N": bn,
-              "MASK_KIND": mask_kind, "IS_CAUSAL": causal, "INT8": int8, "DOT_F32": False, "INT64": int64}
+              "MASK_KIND": mask_kind, "IS_CAUSAL": causal, "INT8": int8, "DOT_F32": False, "INT64": int64,
+              "ALIGN8": align8}
     return (attn_fwd_kernel, sig, consts, {"archs": tuple(archs), "num_warps": nw, "num_stages": ns})
 
 
@@ -754,7 +783,7 @@ def _compile_specs():
         specs.append(_spec(dt, False, 128, candidates(cc, 128, 2, False)[0], archs))
         dt40 = torch.float32 if torch.float32 in dtypes else torch.float16
         specs.append(_spec(dt40, False, 40, candidates(cc, 64, dt40.itemsize, False)[0], archs,
-                           mask_kind=1, causal=True))
+                           mask_kind=1, causal=True, align8=True))
         specs.append(_spec(dt, i8, 160, candidates(cc, 256, 2, i8)[0], archs, mask_kind=2, int64=True))
         if i8:
             specs.append(_spec(torch.float16, True, 128, candidates(cc, 128, 2, True)[0], archs))

@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 from compile_utils import ARCHS, compile_for
 from tritonkit.kernels import attention as A
 
+# additive masks of -finfo.max overflow to -inf once scaled by log2(e): intended, and silent on GPUs
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+
 # exact: relative (Frobenius) error vs float64; int8: cosine similarity
 EXACT_TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2, torch.float32: 1e-4}
 INT8_COS = 0.999
@@ -247,24 +250,23 @@ def test_all_candidate_configs_compile():
 # ----------------------------------------------------------------------------- GPU, real sizes
 
 GPU_CASES = [
-    # B, H, group, Lq, Lk, D, layout, mask, mask_ndim
-    (2, 10, 1, 4096, 4096, 64, "bld", "none", 1),      # SDXL
-    (1, 24, 1, 4608, 4608, 128, "bhld", "none", 1),    # Flux
-    (2, 8, 1, 4096, 77, 40, "bld", "none", 1),         # SD1.5 cross-attention
-    (2, 8, 1, 1024, 1024, 80, "bld", "none", 1),       # SD1.5 80
-    (2, 8, 1, 256, 256, 160, "bld", "none", 1),        # SD1.5 160
-    (1, 4, 1, 1000, 1000, 256, "bhld", "bool", 4),
-    (1, 24, 1, 3333, 3333, 128, "bhld", "add", -4),    # HunyuanVideo-style additive mask
-    (2, 16, 4, 2048, 2048, 128, "bld", "none", 1),     # GQA
+    # B, H, group, Lq, Lk, D, layout, mask, mask_ndim, dtype
+    (2, 10, 1, 4096, 4096, 64, "bld", "none", 1, torch.float16),      # SDXL
+    (1, 24, 1, 4608, 4608, 128, "bhld", "none", 1, torch.bfloat16),   # Flux
+    (2, 8, 1, 4096, 77, 40, "bld", "none", 1, torch.float16),         # SD1.5 cross-attention
+    (2, 8, 1, 1024, 1024, 80, "bld", "none", 1, torch.bfloat16),      # SD1.5 80
+    (2, 8, 1, 256, 256, 160, "bld", "none", 1, torch.float16),        # SD1.5 160
+    (1, 4, 1, 1000, 1000, 256, "bhld", "bool", 4, torch.bfloat16),
+    (1, 24, 1, 3333, 3333, 128, "bhld", "add", -4, torch.bfloat16),   # HunyuanVideo-style additive mask
+    (2, 16, 4, 2048, 2048, 128, "bld", "none", 1, torch.float16),     # GQA
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=[f"{c[0]}x{c[1]}x{c[3]}x{c[5]}-{c[7]}" for c in GPU_CASES])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("mode", A.MODES)
-def test_cuda_matches_float64(case, dtype, mode, poison):
-    B, H, group, Lq, Lk, D, layout, mask, mask_ndim = case
+def test_cuda_matches_float64(case, mode, poison):
+    B, H, group, Lq, Lk, D, layout, mask, mask_ndim, dtype = case
     run_case(B, H, group, Lq, Lk, D, dtype, layout, layout, mode, mask, mask_ndim, False, None, None, 1, poison,
              device="cuda")
 

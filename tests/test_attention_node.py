@@ -132,14 +132,17 @@ def test_unservable_calls_fall_back(monkeypatch):
 
 def test_auto_picks_int8_only_for_long_wide_self_attention(monkeypatch):
     monkeypatch.setenv(FORCE, "1")
-    b = N._bind((torch.zeros(1, 2, 2048, 64, dtype=torch.float16),) * 3 + (2,), {"skip_reshape": True})
+    b = N._bind((torch.zeros(1, 2, 8192, 128, dtype=torch.float16),) * 3 + (2,), {"skip_reshape": True})
     assert N.plan("auto", b, True) == ("int8", None)
     b["low_precision_attention"] = False
     assert N.plan("auto", b, True) == ("exact", None)
-    b = N._bind((torch.zeros(1, 2, 2048, 40, dtype=torch.float16),) * 3 + (2,), {"skip_reshape": True})
-    assert N.plan("auto", b, True) == ("exact", None)
-    t = torch.zeros(1, 4096, 8 * 64, dtype=torch.float16)
-    ctx = torch.zeros(1, 77, 8 * 64, dtype=torch.float16)
+    b = N._bind((torch.zeros(1, 2, 8192, 64, dtype=torch.float16),) * 3 + (2,), {"skip_reshape": True})
+    assert N.plan("auto", b, True) == ("exact", None)  # SDXL-like head size
+    b = N._bind((torch.zeros(1, 2, 4608, 128, dtype=torch.float16),) * 3 + (2,), {"skip_reshape": True})
+    assert N.plan("auto", b, True) == ("exact", None)  # Flux 1024²: 8-bit does not pay
+    t = torch.zeros(1, 16384, 8 * 128, dtype=torch.float16)
+    ctx = torch.zeros(1, 77, 8 * 128, dtype=torch.float16)
+    assert N.plan("auto", N._bind((t, t, t, 8), {}), True) == ("int8", None)
     assert N.plan("auto", N._bind((t, ctx, ctx, 8), {}), True) == ("exact", None)
     assert N.plan("auto", N._bind((t, t, t, 8), {"attn_precision": torch.float32}), True) == ("exact", None)
 
@@ -207,3 +210,111 @@ def test_cuda_override_serves_and_compiles_without_graph_breaks(mode):
     explanation = torch._dynamo.explain(layer)(q, k, v)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     torch.testing.assert_close(torch.compile(layer)(q, k, v), eager, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- real ComfyUI (CPU)
+
+def _comfy():
+    import tiny_models as tm
+    from comfy_harness import TEST_NODES, ComfyServer, comfyui_available
+    return tm, TEST_NODES, ComfyServer, comfyui_available
+
+
+def _server(tmp_path_factory, name, env):
+    tm, TEST_NODES, ComfyServer, comfyui_available = _comfy()
+    if not comfyui_available():
+        pytest.fail("ComfyUI is not set up: run scripts/setup_env.sh")
+    srv = ComfyServer(tmp_path_factory.mktemp(name), env=env, extra_packs=TEST_NODES)
+    srv.start()
+    return srv
+
+
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory):
+    srv = _server(tmp_path_factory, "attn-plain", {FORCE: "0"})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def forced_server(tmp_path_factory):
+    srv = _server(tmp_path_factory, "attn-forced", {FORCE: "1"})
+    yield srv
+    srv.stop()
+
+
+def _install(server, arch):
+    tm = _comfy()[0]
+    if arch == "sd15":
+        info = tm.cached_models(tm.SD15_TINY_CONFIG, [(torch.float16, False)])[0]
+        return tm.sd15_workflow, tm.install_model(info, server.base / "models")
+    info = tm.cached_models(tm.FLUX_TINY_CONFIG, [(torch.bfloat16, False)])[0]
+    return tm.flux_workflow, tm.install_model(info, server.base / "models")
+
+
+def _sample(server, arch, mode, prefix):
+    """Samples the tiny model (2 steps), patched by the node when mode is given; an attention probe
+    after the node counts every attention call. Returns (latent, probe counts, our stats delta,
+    node text)."""
+    import json
+
+    from safetensors import safe_open
+    tm = _comfy()[0]
+    wf, name = _install(server, arch)
+    patch = [("TritonKitAttention", {"mode": mode})] if mode else []
+    prompt = wf(name, patch_nodes=patch + [("TritonKitTestAttentionProbe", {"name": "attn"})], prefix=prefix)
+    prompt["91"] = {"class_type": "TritonKitTestCounters", "inputs": {"reset": True, "anything": [tm.NODE_SAMPLER, 0]}}
+    before = server.get("/tritonkit/attention/stats")
+    entry = server.run(prompt, timeout=600)
+    after = server.get("/tritonkit/attention/stats")
+    delta = {k: after[k] - before[k] for k in ("served", "served_exact", "served_int8", "fallback")}
+    stats = json.loads(entry["outputs"][tm.NODE_OUT]["tritonkit_latent"][0])
+    counts = json.loads(entry["outputs"]["91"]["tritonkit_counters"][0])["counts"]
+    with safe_open(str(server.base / "output" / stats["file"]), "pt") as f:
+        latent = f.get_tensor("latent")
+    text = entry["outputs"].get(str(tm.PATCH_BASE), {}).get("text", [None])[0] if mode else None
+    return latent, counts, delta, text
+
+
+# SD-style UNet: 28 attention calls per 2 steps (head sizes 40/80, cross-attention over 77 tokens);
+# tiny Flux: 4 (head size 128, (B, H, L, D) layout).
+EXPECTED_CALLS = {"sd15": 28, "flux": 4}
+
+
+@pytest.mark.comfyui
+@pytest.mark.parametrize("arch", ["sd15", "flux"])
+def test_comfyui_cpu_falls_back_identically_logged_once(plain_server, arch):
+    ref, counts0, d0, _ = _sample(plain_server, arch, None, f"{arch}_ref")
+    assert counts0["attn"] == EXPECTED_CALLS[arch]
+    assert d0 == {"served": 0, "served_exact": 0, "served_int8": 0, "fallback": 0}
+    for mode in ("auto", "8-bit"):
+        out, counts, delta, text = _sample(plain_server, arch, mode, f"{arch}_{mode}")
+        assert torch.equal(out, ref), f"{arch} {mode}: the CPU fallback changed the result"
+        assert counts["attn"] == EXPECTED_CALLS[arch]
+        assert delta["served"] == 0 and delta["fallback"] == counts["attn"], delta
+        assert text.startswith(f"Triton Attention: mode={mode}") and "uses ComfyUI's attention" in text
+    log = plain_server.log()
+    lines = [ln for ln in log.splitlines() if "TritonKit attention: using ComfyUI's attention for CPU tensors" in ln]
+    assert len(lines) == 1, lines
+    assert not [ln for ln in log.splitlines() if "IMPORT FAILED" in ln and "tritonkit" in ln]
+
+
+# exact: fp32 kernel vs ComfyUI's fp32 attention; 8-bit: int8 Q·K.
+LATENT_TOL = {"exact": 2e-3, "8-bit": 5e-2}
+
+
+@pytest.mark.comfyui
+@pytest.mark.parametrize("arch", ["sd15", "flux"])
+def test_comfyui_forced_triton_on_cpu_counts_every_call(forced_server, arch):
+    ref, counts0, d0, _ = _sample(forced_server, arch, None, f"{arch}_ref")
+    assert d0["served"] == 0 and counts0["attn"] == EXPECTED_CALLS[arch]
+    for mode in ("exact", "8-bit"):
+        out, counts, delta, text = _sample(forced_server, arch, mode, f"{arch}_{mode}")
+        assert counts["attn"] == EXPECTED_CALLS[arch]
+        assert delta["fallback"] == 0 and delta["served"] == counts["attn"], delta
+        kind = "served_int8" if mode == "8-bit" else "served_exact"
+        assert delta[kind] == counts["attn"], delta
+        assert "Triton forced" in text
+        assert torch.isfinite(out).all()
+        rel = float((out - ref).norm() / ref.norm())
+        assert rel <= LATENT_TOL[mode], f"{arch} {mode}: latent rel diff {rel:.2e}"
