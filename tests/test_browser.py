@@ -46,8 +46,12 @@ def playwright():
         yield p
 
 
+# TK_FRONTEND_ROOT=<a newer comfyui_frontend_package/static> runs the same tests on that frontend
+FRONTEND_ROOT = os.environ.get("TK_FRONTEND_ROOT")
+
+
 def start_server(base, env):
-    srv = ComfyServer(base, env=env)
+    srv = ComfyServer(base, env=env, extra_args=["--front-end-root", FRONTEND_ROOT] if FRONTEND_ROOT else None)
     srv.start()
     # a fresh user folder opens the template browser over the canvas otherwise
     code, _ = srv.request("POST", "/api/settings/Comfy.TutorialCompleted", True)
@@ -198,7 +202,7 @@ def test_triton_tab_shows_status(good, caches):
     cache_text = page.inner_text("[data-tk=caches]")
     assert str(caches["triton"]) in cache_text and str(caches["inductor"]) in cache_text, cache_text
     assert page.query_selector("[data-tk=triage]") is None
-    assert not page.query_selector(".p-toast-message-error"), page.inner_text("body")[:2000]
+    assert "Triton self-test failed" not in page.inner_text("body")  # no failure notice
     assert any(m == "POST" and u.endswith("/api/tritonkit/selftest") for m, u in good.requests) or \
         good.srv.get("/tritonkit/status")["selftest"] is not None
     shot(page, "panel-pass")
@@ -330,8 +334,14 @@ def test_toast_names_the_triage_entry_when_the_selftest_fails(playwright, broken
     b = Browser(playwright, srv)
     try:
         page = b.load()
-        toast = page.wait_for_selector(".p-toast-message:has-text('Triton self-test failed')", timeout=180_000)
-        text = toast.inner_text()
+        # the notice: found by its text, since frontends render toasts with different markup
+        text = page.wait_for_function("""() => {
+            const hit = [...document.querySelectorAll("body *")].find((e) => e.children.length === 0
+                && e.textContent.startsWith("Triton self-test failed"));
+            let box = hit;
+            while (box && !box.innerText.includes("Fix:")) box = box.parentElement;
+            return box && box !== document.body ? box.innerText : null;
+        }""", timeout=180_000).json_value()
         assert "vcredist DLLs too old" in text and "[dll-libtriton]" in text and "vc_redist" in text, text
         shot(page, "toast-failure")
         open_tab(page)
