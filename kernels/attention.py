@@ -628,17 +628,16 @@ def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None,
 
 # ----------------------------------------------------------------------------- custom op
 
-@torch.library.custom_op("tritonkit::attention", mutates_args=())
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                  heads: int, bhld: bool, out_bhld: bool, scale: float | None, int8: bool,
-                  causal: bool, block_m: int, block_n: int, num_warps: int, num_stages: int) -> torch.Tensor:
+def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                    heads: int, bhld: bool, out_bhld: bool, scale: float | None, int8: bool,
+                    causal: bool, block_m: int, block_n: int, num_warps: int, num_stages: int) -> torch.Tensor:
     cfg = (block_m, block_n, num_warps, num_stages) if block_m > 0 else None
     with _interpreted_device_calls(q.device.type):
         return _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg)
 
 
-@_attention_op.register_fake
-def _(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, block_m, block_n, num_warps, num_stages):
+def _attention_fake(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, block_m, block_n, num_warps,
+                    num_stages):
     if bhld:
         B, H, Lq, D = q.shape
     else:
@@ -646,6 +645,13 @@ def _(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, block_m, block_
         H, D = heads, HD // heads
     shape = (B, H, Lq, D) if out_bhld else (B, Lq, H * D)
     return q.new_empty(shape)
+
+
+try:
+    _attention_op = torch.library.custom_op("tritonkit::attention", mutates_args=())(_attention_impl)
+    _attention_op.register_fake(_attention_fake)
+except Exception:  # noqa: BLE001 - e.g. a torch that refuses a second registration (pack imported twice)
+    _attention_op = _attention_impl
 
 
 def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bld", out_layout: str | None = None,
