@@ -210,9 +210,16 @@ async def read_json_object(request, allowed: dict) -> dict:
     empty body is ``{}``."""
     if request.content_length is not None and request.content_length > MAX_BODY:
         raise HTTPProblem(413, f"request body too large (at most {MAX_BODY} bytes)")
-    raw = await request.content.read(MAX_BODY + 1)
-    if len(raw) > MAX_BODY:
-        raise HTTPProblem(413, f"request body too large (at most {MAX_BODY} bytes)")
+    chunks, total = [], 0
+    while True:  # read() may return less than asked for: read to the end, or past the limit
+        chunk = await request.content.read(16384)
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > MAX_BODY:
+            raise HTTPProblem(413, f"request body too large (at most {MAX_BODY} bytes)")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     if not raw.strip():
         return {}
     try:

@@ -1,6 +1,7 @@
 """The Triton panel's HTTP routes (nodes/routes.py) against a real ComfyUI 0.3.75 server:
 every route, every kind of bad input, and concurrent self-tests. The server gets its own
 Triton and TorchInductor cache folders, so clearing them never touches the machine's."""
+import http.client
 import json
 import os
 import threading
@@ -120,6 +121,16 @@ def test_selftest_other_bad_requests(srv):
     assert_error(srv.request("GET", "/tritonkit/selftest"), 405, "POST")
     assert_error(srv.request("POST", "/tritonkit/selftest?device=cpu", {}), 400, "unknown query parameter")
     assert_error(srv.request("POST", "/tritonkit/selftest", b"{" + b" " * (70 * 1024) + b"}"), 413, "too large")
+    # the same without a Content-Length (chunked): counted while reading
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    try:
+        conn.request("POST", "/tritonkit/caches/clear", headers={"Content-Type": "application/json"},
+                     body=iter([b'{"which": ["triton"]', b" " * (40 * 1024), b" " * (40 * 1024), b"}"]),
+                     encode_chunked=True)
+        resp = conn.getresponse()
+        assert_error((resp.status, json.loads(resp.read())), 413, "too large")
+    finally:
+        conn.close()
 
 
 def test_concurrent_selftests_get_one_409(srv):
