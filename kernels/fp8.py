@@ -32,6 +32,7 @@ opaque call: no graph break, and Inductor never generates code that touches the 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import types
 from typing import Optional
@@ -234,6 +235,27 @@ def _interpreted_with_helpers(jit_fn):
     return InterpretedFunction(types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__))
 
 
+@contextlib.contextmanager
+def wrapping_int_math():
+    """These kernels rely on uint32 arithmetic wrapping around (lanes that a tl.where then
+    discards), which is what compiled Triton does. The interpreter's integer-overflow sanitizer
+    would check every integer op in int64 (slow, and it is not a bug here): off while we run."""
+    try:
+        import dataclasses
+        from triton.runtime import interpreter
+        builder = interpreter.interpreter_builder
+        old = builder.options
+        fast = dataclasses.replace(old, sanitize_overflow=False)
+    except Exception:
+        yield
+        return
+    builder.options = fast
+    try:
+        yield
+    finally:
+        builder.options = old
+
+
 def launchable(jit_fn, device_type: str):
     """:func:`runtime.kernel_for`, with JIT helper functions working under the interpreter."""
     k = kernel_for(jit_fn, device_type)
@@ -273,7 +295,8 @@ def _launch_1d(kernel, n, block, warps, args, consts):
     if dev == "cuda":
         k[grid](*args, **consts, BLOCK=block, BIG=big, num_warps=warps)
     else:
-        k[grid](*args, **consts, BLOCK=block, BIG=big)
+        with wrapping_int_math():
+            k[grid](*args, **consts, BLOCK=block, BIG=big)
 
 
 def decode(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16, scale: Optional[torch.Tensor] = None,

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8 import LAUNCHES, _FMT, _op_exists, OP_NAMESPACE, decode, fp8_bits_to_f32_bits, launchable
+from .fp8 import LAUNCHES, _FMT, _op_exists, OP_NAMESPACE, decode, fp8_bits_to_f32_bits, launchable, wrapping_int_math
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
@@ -154,9 +154,10 @@ w8a16_linear_autotuned = triton.autotune(
 
 
 def _cpu_blocks(M, N, K):
+    # the interpreter pays per Triton op, not per element: few programs, few K steps
     p2 = triton.next_power_of_2
-    return dict(BLOCK_N=max(16, min(p2(N), 64)), BLOCK_M=max(16, min(p2(M), 64)),
-                BLOCK_K=max(16, min(p2(K), 64)), GROUP=8)
+    return dict(BLOCK_N=max(16, min(p2(N), 256)), BLOCK_M=max(16, min(p2(M), 64)),
+                BLOCK_K=max(16, min(p2(K), 512)), GROUP=8)
 
 
 def cuda_supports(act_dtype: torch.dtype, device) -> bool:
@@ -223,8 +224,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     else:
         blocks = _cpu_blocks(M, N, K)
         grid = (triton.cdiv(N, blocks["BLOCK_N"]) * triton.cdiv(M, blocks["BLOCK_M"]),)
-        launchable(w8a16_linear_kernel, x.device.type)[grid](
-            *args, **consts, EVEN_K=K % blocks["BLOCK_K"] == 0, **blocks)
+        with wrapping_int_math():
+            launchable(w8a16_linear_kernel, x.device.type)[grid](
+                *args, **consts, EVEN_K=K % blocks["BLOCK_K"] == 0, **blocks)
     return out.reshape(*lead, N)
 
 

@@ -1,0 +1,378 @@
+"""The "Triton fp8 Fallback" node: planning and patching on ComfyUI's own ops (in process, CPU,
+kernels through the Triton interpreter), then the real thing in a ComfyUI 0.3.75 server, and on a
+GPU the compile story (no fp8e4nv in Inductor's code, which compiles for sm80/sm86)."""
+import json
+import logging
+import os
+import re
+import sys
+import types
+
+import pytest
+import torch
+
+from conftest import REPO
+
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.fixture(scope="module")
+def comfy():
+    """ComfyUI's modules in this process, on the CPU."""
+    path = str(REPO / ".comfyui")
+    if not os.path.isfile(os.path.join(path, "comfy", "ops.py")):
+        pytest.skip("ComfyUI sources are not in .comfyui (scripts/setup_env.sh)")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    try:
+        import comfy.cli_args
+        if not torch.cuda.is_available():
+            comfy.cli_args.args.cpu = True
+        import comfy.model_patcher
+        import comfy.ops
+    except ImportError as e:  # e.g. a GPU box without ComfyUI's requirements
+        pytest.skip(f"ComfyUI's modules don't import here: {e}")
+    return comfy
+
+
+@pytest.fixture
+def node(monkeypatch):
+    from tritonkit.nodes import fp8_fallback
+    monkeypatch.setenv("TRITONKIT_FORCE_TRITON_ON_CPU", "1")
+    monkeypatch.delenv("TRITONKIT_FORCE_ARCH", raising=False)
+    return fp8_fallback
+
+
+def build(comfy, ops=None, dtype=FP8, fast=False, seed=0, device="cpu", compute_dtype=torch.float32):
+    """A small diffusion model made of ComfyUI ops the way UNETLoader builds an fp8 model:
+    every parameter in the fp8 storage dtype, compute dtype float32 on the CPU."""
+    import comfy.ldm.flux.layers as flux_layers
+    ops = ops or comfy.ops.manual_cast
+
+    class DM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.img_in = ops.Linear(32, 64, dtype=dtype, device=device)
+            self.qk = flux_layers.RMSNorm(64, dtype=dtype, device=device)      # a plain fp8 parameter
+            self.norm = ops.LayerNorm(64, dtype=dtype, device=device)
+            self.conv = ops.Conv1d(4, 4, 3, padding=1, dtype=dtype, device=device)
+            self.out = ops.Linear(64, 16, dtype=dtype, device=device)
+
+        def forward(self, x):
+            h = self.norm(self.qk(self.img_in(x)))
+            h = self.conv(h.reshape(h.shape[0], 4, -1)).reshape(h.shape)
+            return self.out(h)
+
+    class Base(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.diffusion_model = DM()
+            self.manual_cast_dtype = compute_dtype
+            self.model_config = types.SimpleNamespace(optimizations={"fp8": fast})
+
+    base = Base()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            if "scale_weight" in name:
+                p.fill_(0.05)
+            elif "scale_input" not in name:
+                p.copy_((torch.randn(p.shape, generator=g) * 0.5).to(p.dtype))
+    mp = comfy.model_patcher.ModelPatcher(base, torch.device(device), torch.device(device))
+    return base, mp
+
+
+def run(base, x):
+    with torch.no_grad():
+        return base.diffusion_model(x)
+
+
+X = torch.randn(2, 3, 32, generator=torch.Generator().manual_seed(9))
+
+
+def test_patch_is_exact_counted_and_reversible(comfy, node):
+    from tritonkit.kernels import fp8
+    base, mp = build(comfy)
+    ref = run(base, X)
+    clone, text = node.patch_model(mp, "auto")
+    assert clone is not mp and clone.model is mp.model
+    assert "4 fp8 layers patched: 2 -> fused W8A16 linear" in text and "1 small fp8 parameters" in text, text
+    assert not mp.object_patches  # the input MODEL is untouched
+    clone.patch_model()
+    try:
+        dm = base.diffusion_model
+        assert dm.qk.scale.dtype == torch.float32 and dm.img_in.weight.dtype == FP8
+        before = dict(fp8.LAUNCHES)
+        node.STATS.reset()
+        out = run(base, X)
+        launches = {k: v - before.get(k, 0) for k, v in fp8.LAUNCHES.items() if v - before.get(k, 0)}
+        assert launches == {"linear": 2, "decode": 4}
+        assert node.STATS.layers == {"img_in": "fused-linear", "out": "fused-linear", "norm": "decode", "conv": "decode"}
+        assert not node.STATS.fallbacks
+        # fp32 compute: our decode is exact, the fused linear sums in another order
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    finally:
+        clone.unpatch_model()
+    assert base.diffusion_model.qk.scale.dtype == FP8
+    before = dict(fp8.LAUNCHES)
+    assert torch.equal(run(base, X), ref) and dict(fp8.LAUNCHES) == before
+
+
+def test_cast_only_and_off(comfy, node):
+    base, mp = build(comfy)
+    ref = run(base, X)
+    clone, text = node.patch_model(mp, "cast-only")
+    assert "4 -> Triton decode" not in text and "fused" not in text, text
+    clone.patch_model()
+    try:
+        node.STATS.reset()
+        torch.testing.assert_close(run(base, X), ref, rtol=0, atol=0)  # decode + torch's own ops: identical
+        assert set(node.STATS.layers.values()) == {"decode"}
+    finally:
+        clone.unpatch_model()
+    same, text = node.patch_model(mp, "off")
+    assert same is mp and "unchanged" in text
+
+
+def test_cpu_without_force_keeps_torch(comfy, node, monkeypatch):
+    monkeypatch.delenv("TRITONKIT_FORCE_TRITON_ON_CPU")
+    base, mp = build(comfy)
+    same, text = node.patch_model(mp, "auto")
+    assert same is mp and "TRITONKIT_FORCE_TRITON_ON_CPU" in text
+
+
+def test_lora_weight_functions_and_offloaded_weights_fall_back_cleanly(comfy, node, caplog):
+    base, mp = build(comfy)
+    dm = base.diffusion_model
+
+    def lora():  # a lowvram LoRA patch: callables applied after the upcast (ModelPatcher.load sets them)
+        dm.img_in.weight_function = [lambda w: w * 1.5]
+        dm.out.bias_function = [lambda b: b + 0.25]
+
+    lora()
+    ref = run(base, X)
+    clone, _ = node.patch_model(mp, "auto")
+    clone.patch_model()
+    lora()
+    try:
+        node.STATS.reset()
+        torch.testing.assert_close(run(base, X), ref, rtol=1e-5, atol=1e-5)
+        assert node.STATS.layers["img_in"] == "decode" and node.STATS.layers["out"] == "decode"
+        # weights somewhere else than the activations (offloaded): ComfyUI's own forward
+        cfg = dm.img_in.forward_comfy_cast_weights.tritonkit_fp8
+        meta_w = torch.nn.Parameter(torch.empty(64, 32, dtype=FP8, device="meta"), requires_grad=False)
+        fake = types.SimpleNamespace(weight=meta_w, bias=None)
+        assert node._eligible(fake, X, cfg) == "weights not on the compute device (offloaded)"
+        with caplog.at_level(logging.INFO, logger="TritonKit"):
+            for _ in range(3):
+                node._fallback("img_in", "weights not on the compute device (offloaded)")
+        assert sum("offloaded" in r.getMessage() for r in caplog.records) <= 1  # once per reason
+    finally:
+        clone.unpatch_model()
+        dm.img_in.weight_function = []
+        dm.out.bias_function = []
+
+
+def test_scaled_fp8_layers(comfy, node):
+    ops = comfy.ops.scaled_fp8_ops(fp8_matrix_mult=False, scale_input=False, override_dtype=FP8)
+    base, mp = build(comfy, ops=ops)
+    assert base.diffusion_model.img_in.scale_weight is not None
+    ref = run(base, X)
+    clone, text = node.patch_model(mp, "auto")
+    clone.patch_model()
+    try:
+        node.STATS.reset()
+        torch.testing.assert_close(run(base, X), ref, rtol=1e-5, atol=1e-5)
+        assert node.STATS.layers["img_in"] == "fused-linear"
+    finally:
+        clone.unpatch_model()
+
+
+def test_arch_override_and_fast_fp8(comfy, node, monkeypatch):
+    assert node.parse_arch("86") == 86 and node.parse_arch("sm_75") == 75 and node.parse_arch("8.9") == 89
+    monkeypatch.setenv("TRITONKIT_FORCE_ARCH", "86")
+    base, mp = build(comfy, ops=comfy.ops.fp8_ops, fast=True)
+    plan = node.plan_model(mp, "auto")
+    assert plan.arch == 86 and plan.layers["img_in"].fused
+    assert any("fp8_e4m3fn_fast" in n for n in plan.notes)
+    monkeypatch.setenv("TRITONKIT_FORCE_ARCH", "90")  # native fp8 matmul kept in auto, replaced on request
+    plan = node.plan_model(mp, "auto")
+    assert "img_in" not in plan.layers and "native fp8 matmul (torch._scaled_mm) kept" in plan.skipped
+    assert node.plan_model(mp, "fused-linear").layers["img_in"].fused
+    monkeypatch.setenv("TRITONKIT_FORCE_ARCH", "75")
+    plan = node.plan_model(mp, "auto")
+    assert any("sm75" in n for n in plan.notes)
+    x16 = X.to(torch.bfloat16)
+    m = types.SimpleNamespace(weight_function=[], bias_function=[])
+    assert not node._fused_ok(m, x16.to("meta"), plan.layers["img_in"])  # bf16 on sm75: no bf16 MMA
+
+
+def test_patched_model_compiles_without_graph_breaks(comfy, node):
+    base, mp = build(comfy)
+    ref = run(base, X)
+    clone, _ = node.patch_model(mp, "auto")
+    clone.patch_model()
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(base.diffusion_model, backend="aot_eager", fullgraph=True)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(X), ref, rtol=1e-5, atol=1e-5)
+    finally:
+        clone.unpatch_model()
+        torch._dynamo.reset()
+
+
+def test_node_registration():
+    import importlib
+    pack = importlib.import_module("tritonkit")
+    from tritonkit.nodes import fp8_fallback
+    assert fp8_fallback.NODE_DISPLAY_NAME_MAPPINGS == {"TritonKitFp8Fallback": "Triton fp8 Fallback"}
+    spec = fp8_fallback.TritonFp8Fallback.INPUT_TYPES()["required"]
+    assert spec["mode"][0] == ["auto", "fused-linear", "cast-only", "off"]
+    assert fp8_fallback.TritonFp8Fallback.CATEGORY == "TritonKit"
+    del pack
+
+
+# ----------------------------------------------------------------------------- a real ComfyUI
+SUMMARY = re.compile(r"TritonKit fp8: (\d+)/(\d+) patched fp8 layers ran through Triton(?: \(([^)]*)\))?; "
+                     r"kernel launches: ([^;]*); torch fallbacks: (.*)")
+
+
+def _fp8_linear_weights(path):
+    from safetensors import safe_open
+    with safe_open(path, "pt") as f:
+        return sum(1 for k in f.keys() if k.endswith(".weight") and f.get_slice(k).get_dtype() in ("F8_E4M3", "F8_E5M2"))
+
+
+@pytest.fixture(scope="module")
+def forced_server(tmp_path_factory):
+    """A ComfyUI server with the Triton path forced on CPU (the interpreter) and the test nodes."""
+    from comfy_harness import TEST_NODES, ComfyServer, comfyui_available
+    if not comfyui_available():
+        pytest.fail("ComfyUI is not set up: run scripts/setup_env.sh")
+    srv = ComfyServer(tmp_path_factory.mktemp("fp8-forced"), env={"TRITONKIT_FORCE_TRITON_ON_CPU": "1"},
+                      extra_packs=TEST_NODES)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.comfyui
+@pytest.mark.parametrize("variant", ["fp8", "scaled"])
+def test_real_comfyui_sampling_through_the_kernels(forced_server, variant):
+    """UNETLoader(weight_dtype fp8_e4m3fn, or a legacy scaled-fp8 file) -> Triton fp8 Fallback
+    (Triton forced on CPU: the interpreter) -> KSampler 2 steps, through /prompt; equals the
+    unpatched run, and every fp8 layer of the model ran through our kernels. The model is the
+    tiny HunyuanVideo: its double/single-stream blocks are Flux's own classes, and at 6 M
+    parameters the interpreter gets through it (ComfyUI's Flux detection forces hidden 3072:
+    0.5 G fp8 weights per forward, hours in the interpreter)."""
+    import tiny_models as tm
+    from safetensors import safe_open
+
+    srv = forced_server
+    info = tm.cached_models(tm.HUNYUAN_VIDEO_TINY_CONFIG, [(FP8, variant == "scaled")])[0]
+    n_linear = _fp8_linear_weights(info["path"])
+    assert n_linear > 10
+    name = tm.install_model(info, srv.base / "models")
+    dtype = "default" if variant == "scaled" else "fp8_e4m3fn"
+    latents = {}
+    log_start = len(srv.log())
+    for label, patch in (("torch", []), ("triton", [("TritonKitFp8Fallback", {"mode": "auto"})])):
+        prompt = tm.hunyuan_video_workflow(name, dtype, patch_nodes=patch, steps=2, frames=2, prefix=f"{variant}_{label}")
+        entry = srv.run(prompt, timeout=400)
+        stats = json.loads(entry["outputs"][tm.NODE_OUT]["tritonkit_latent"][0])
+        assert stats["finite"], stats
+        with safe_open(str(srv.base / "output" / stats["file"]), "pt") as f:
+            latents[label] = f.get_tensor("latent")
+        if patch:
+            text = entry["outputs"][str(tm.PATCH_BASE)]["text"][0]
+    log = srv.log()[log_start:]
+    assert text.startswith("Triton fp8 Fallback: auto on cpu"), text
+    m = re.search(r"(\d+) fp8 layers patched: (\d+) -> fused W8A16 linear", text)
+    assert m, text
+    n_layers, n_fused = int(m.group(1)), int(m.group(2))
+    assert n_fused == n_linear and n_layers >= n_linear, (text, n_linear)
+    runs = [s for s in SUMMARY.findall(log)]
+    assert len(runs) == 1, log[-3000:]
+    ran, total, paths, launches, fallbacks = runs[0]
+    assert int(ran) == int(total) == n_layers and fallbacks == "none", runs[0]
+    launches = dict((k, int(v)) for k, v in (p.rsplit(" ", 1) for p in launches.split(", ")))
+    assert launches["linear"] >= 2 * n_linear, launches  # every Linear, every step
+    a, b = latents["torch"].float(), latents["triton"].float()
+    rel = ((a - b).norm() / a.norm()).item()
+    assert rel < 1e-4, rel  # fp32 compute on CPU: the decode is exact, the fused sum order differs
+
+
+# ----------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+def test_gpu_torch_compile_emits_no_fp8e4nv_and_compiles_for_sm80_sm86(comfy, node, monkeypatch, tmp_path):
+    """Inductor on the patched model (as TorchCompileModel compiles diffusion_model): the Triton
+    kernels it generates have no fp8e4nv anywhere and compile for sm80 and sm86; the same model
+    compiled unpatched does have an fp8e4nv kernel, which fails for sm86."""
+    from compile_utils import compile_for
+    monkeypatch.delenv("TRITONKIT_FORCE_TRITON_ON_CPU")
+    monkeypatch.setenv("TRITONKIT_FORCE_ARCH", "86")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    import torch._inductor.config as icfg
+    monkeypatch.setattr(icfg, "fx_graph_cache", False)
+    base, mp = build(comfy, device="cuda", compute_dtype=torch.bfloat16)
+    x = X.to("cuda", torch.bfloat16)
+
+    def compiled_kernels(model_fn):
+        torch._dynamo.reset()
+        from torch._inductor.utils import run_and_get_code
+        out, codes = run_and_get_code(torch.compile(model_fn), x)
+        return out, "\n".join(codes)
+
+    with torch.no_grad():
+        ref = run(base, x)
+        out0, code0 = compiled_kernels(base.diffusion_model)
+        assert "fp8e4nv" in code0  # the unpatched cast: what official Triton refuses below sm89
+        clone, text = node.patch_model(mp, "auto")
+        assert "sm86" in text
+        clone.patch_model(device_to=torch.device("cuda"))
+        try:
+            out1, code1 = compiled_kernels(base.diffusion_model)
+        finally:
+            clone.unpatch_model()
+    torch.testing.assert_close(out1.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    assert "fp8e4nv" not in code1 and "tritonkit.fp8_linear" in code1 and "tritonkit.fp8_decode" in code1
+    kernels = _inductor_kernels(code1)
+    assert kernels, code1[:2000]
+    for cc in (80, 86):
+        for name, (fn, sig, consts) in kernels.items():
+            assert len(compile_for(fn, sig, consts, cc).asm["cubin"]) > 0, name
+    bad = _inductor_kernels(code0)
+    fp8_kernels = [v for v in bad.values() if "fp8e4nv" in str(v[1])]
+    assert fp8_kernels
+    with pytest.raises(Exception, match="fp8e4nv"):
+        compile_for(*fp8_kernels[0], 86)
+
+
+def _inductor_kernels(code: str) -> dict:
+    """The Triton kernels in Inductor's output code: {name: (JITFunction, signature, constexprs)}."""
+    ns: dict = {}
+    out = {}
+    blocks = re.split(r"\n(?=[a-zA-Z_0-9]+ = async_compile\.triton\()", code)
+    for blk in blocks:
+        m = re.match(r"([a-zA-Z_0-9]+) = async_compile\.triton\('([^']+)', '''(.*?)''', device_str='cuda'\)", blk, re.S)
+        if not m:
+            continue
+        src = m.group(3)
+        mod = types.ModuleType(m.group(2))
+        path = os.path.join(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp"), f"tk_{m.group(2)}.py")
+        with open(path, "w") as f:
+            f.write(src)
+        mod.__file__ = path
+        exec(compile(src, path, "exec"), mod.__dict__)
+        kern = mod.__dict__[m.group(2)]
+        meta = kern.triton_meta
+        consts = dict(meta.get("constants", {}))
+        cfg = kern.configs[0]
+        consts.update(cfg.kwargs)
+        sig = dict(meta["signature"])
+        for k in consts:
+            sig[k] = "constexpr"
+        out[m.group(2)] = (kern.fn, sig, consts)
+        ns[m.group(2)] = kern
+    return out
