@@ -12,7 +12,14 @@ NODE_CLASS_MAPPINGS = {}
 NODE_DISPLAY_NAME_MAPPINGS = {}
 WEB_DIRECTORY = "./web"
 
-_FEATURES = ("selftest", "attention")
+# Short Triton/Inductor cache folders that install.py chose where Windows long paths are off
+# (tritonkit_settings.json beside this file); a user's own TRITON_CACHE_DIR/TORCHINDUCTOR_CACHE_DIR win.
+try:
+    importlib.import_module(".installer.longpaths", __name__).apply_settings(__path__[0])
+except Exception:
+    log.exception("TritonKit: could not apply tritonkit_settings.json")
+
+_FEATURES = ("selftest", "attention", "fp8_fallback")
 
 for _name in _FEATURES:
     try:
