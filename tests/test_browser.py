@@ -23,6 +23,7 @@ SETTING = "TritonKit.RunSelfTestOnStartup"
 TAB_BUTTON = '.side-bar-button[aria-label="Triton"]'
 UI_WORKFLOWS = sorted(p.stem for p in (REPO / "workflows").glob("*.json") if not p.stem.endswith("_api"))
 PACK_NODE_IDS = ("TritonKitSelfTest", "TritonKitAttention", "TritonKitFp8Fallback")
+MODEL_FILE_INPUTS = {"unet_name", "clip_name1", "clip_name2", "vae_name", "ckpt_name"}  # the user provides these
 
 
 def shot(page, name):
@@ -300,6 +301,16 @@ def test_example_workflow_loads_without_missing_nodes(good, name):
     assert not [d for d in r["dialogs"] if "missing" in d.lower()], r["dialogs"]
     assert r["count"] == len(wf["nodes"]), r
     assert set(r["types"]) & set(PACK_NODE_IDS), r["types"]  # every example uses the pack
+    # what the frontend would queue passes the server's validation, apart from the model files
+    prompt = eval_app(page, "return (await app.graphToPrompt()).output;")
+    code, resp = good.srv.post("/prompt", {"prompt": prompt, "client_id": "tk-browser-test"})
+    if code != 200:
+        problems = [(nid, err["type"], (err.get("extra_info") or {}).get("input_name"))
+                    for nid, ne in resp.get("node_errors", {}).items() for err in ne["errors"]]
+        assert problems and all(t == "value_not_in_list" and i in MODEL_FILE_INPUTS for _, t, i in problems), \
+            json.dumps(resp, indent=1)[:3000]
+    else:
+        good.srv.wait(resp["prompt_id"], timeout=180)
     assert good.ours() == [], good.ours()
 
 
