@@ -283,6 +283,29 @@ def test_selftest_node_shows_its_report(good):
     assert good.ours() == [], good.ours()
 
 
+@pytest.mark.parametrize("node_id", ["TritonKitAttention", "TritonKitFp8Fallback"])
+def test_patch_nodes_show_the_path_they_took(good, node_id):
+    # The servers' side (the nodes' ui.text through /prompt) is tested with the nodes; here the
+    # frontend hook gets such an output, as the frontend hands it to a node after a run.
+    page = good.page
+    path_text = f"{node_id}: test path line"
+    r = eval_app(page, """
+        await app.loadGraphData({last_node_id: 0, last_link_id: 0, nodes: [], links: [], groups: [], config: {},
+                                 extra: {}, version: 0.4}, true, true, "tk-" + arg.id);
+        const node = window.LiteGraph.createNode(arg.id);
+        if (!node) return {created: false};
+        node.pos = [420, 160];
+        app.graph.add(node);
+        node.onExecuted({text: [arg.text]});
+        await new Promise((r) => setTimeout(r, 300));
+        const ta = [...document.querySelectorAll("textarea[data-tk=node-text]")].find((t) => t.value === arg.text);
+        return {created: true, shown: !!ta, visible: !!ta && ta.getBoundingClientRect().height > 10};
+    """, {"id": node_id, "text": path_text})
+    assert r == {"created": True, "shown": True, "visible": True}, r
+    shot(page, f"node-path-{node_id}")
+    assert good.ours() == [], good.ours()
+
+
 def test_example_workflows_are_served_as_templates(good):
     templates = good.srv.get("/workflow_templates")
     listed = set(templates.get(PACK_LINK_NAME, []))
