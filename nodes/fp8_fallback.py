@@ -42,6 +42,9 @@ log = logging.getLogger("TritonKit")
 MODES = ("auto", "fused-linear", "cast-only", "off")
 ARCH_ENV = "TRITONKIT_FORCE_ARCH"  # e.g. 86: behave as on an sm86 GPU (tests of sm<89 on newer GPUs)
 PREDECODE_MAX_NUMEL = 1 << 20     # fp8 parameters outside ComfyUI ops decoded once up to this size
+# auto on a GPU: the fused linear where it measured faster than decode + torch's matmul (few
+# tokens: weight-bandwidth bound); more tokens use the decode + cuBLAS (BENCHMARKS.md, fp8 section)
+FUSED_MAX_TOKENS = 16
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 WRAPPER_KEY = "tritonkit_fp8_fallback"
 
@@ -123,8 +126,9 @@ class LayerConfig:
     name: str
     kind: str               # linear, conv, groupnorm, layernorm, rmsnorm
     fused: bool             # Linear through the fused W8A16 kernel when the call allows it
-    arch: Optional[int]     # effective compute capability (None on CPU)
-    allow_cpu: bool         # run the Triton path on CPU tensors (the interpreter)
+    fused_max_tokens: Optional[int] = None  # ... for at most this many rows of activations
+    arch: Optional[int] = None  # effective compute capability (None on CPU)
+    allow_cpu: bool = False     # run the Triton path on CPU tensors (the interpreter)
 
 
 def _eligible(m, x, cfg: LayerConfig) -> Optional[str]:
@@ -179,6 +183,8 @@ def _fused_ok(m, x, cfg: LayerConfig) -> bool:
         return False
     if x.device.type == "cpu":
         return True
+    if cfg.fused_max_tokens is not None and x.numel() // max(1, x.shape[-1]) > cfg.fused_max_tokens:
+        return False
     if x.dtype == torch.float16:
         return True
     return x.dtype == torch.bfloat16 and (cfg.arch is None or cfg.arch >= 80)
@@ -306,7 +312,9 @@ def plan_model(model, mode: str = "auto") -> Plan:
             plan.skipped.setdefault("native fp8 matmul (torch._scaled_mm) kept", []).append(name)
             continue
         fused = kind == "linear" and mode in ("auto", "fused-linear")
-        plan.layers[name] = LayerConfig(name=name, kind=kind, fused=fused, arch=arch, allow_cpu=allow_cpu)
+        limit = FUSED_MAX_TOKENS if (mode == "auto" and device.type == "cuda") else None
+        plan.layers[name] = LayerConfig(name=name, kind=kind, fused=fused, fused_max_tokens=limit, arch=arch,
+                                        allow_cpu=allow_cpu)
 
     dtype = plan.compute_dtype or torch.float32
     for pname, p in dm.named_parameters():
@@ -319,7 +327,7 @@ def plan_model(model, mode: str = "auto") -> Plan:
 
     if fast and arch is not None and arch < 89:
         plan.notes.append(f"fp8_e4m3fn_fast: no native fp8 matmul on sm{arch}; its Linear layers use the fused "
-                          "W8A16 linear instead" if mode != "cast-only" else
+                          "W8A16 linear instead (auto: for few tokens; decode + matmul above)" if mode != "cast-only" else
                           f"fp8_e4m3fn_fast: no native fp8 matmul on sm{arch}; cast-only decodes its weights")
     if arch == 75:
         plan.notes.append("sm75 has no bf16 tensor cores: the fused linear runs for fp16 activations only, "
@@ -385,8 +393,9 @@ def describe(plan: Plan) -> str:
     lines = [f"Triton fp8 Fallback: {plan.mode} on {where}"]
     if plan.mode == "off":
         lines.append("off: the model is returned unchanged (torch's casts)")
-    kinds = collections.Counter(("fused W8A16 linear" if c.fused else f"Triton decode ({c.kind})")
-                                for c in plan.layers.values())
+    kinds = collections.Counter(("fused W8A16 linear" + (f" (<= {c.fused_max_tokens} tokens, else decode)"
+                                                          if c.fused_max_tokens else "")
+                                 if c.fused else f"Triton decode ({c.kind})") for c in plan.layers.values())
     if plan.layers:
         lines.append(f"{len(plan.layers)} fp8 layers patched: " + ", ".join(f"{n} -> {k}" for k, n in kinds.most_common()))
     if plan.predecode:
@@ -429,8 +438,8 @@ class TritonFp8Fallback:
         return {"required": {
             "model": ("MODEL",),
             "mode": (list(MODES), {"default": "auto", "tooltip":
-                     "auto: every fp8 layer through Triton; Linear layers use the fused fp8-weight linear, other "
-                     "layers the decode; on sm89+ a checkpoint loaded as fp8_e4m3fn_fast keeps torch's native fp8 "
+                     "auto: every fp8 layer through Triton; Linear layers use the fused fp8-weight linear for few "
+                     "tokens (where it is faster) and the decode + torch's matmul otherwise, other layers the decode; on sm89+ a checkpoint loaded as fp8_e4m3fn_fast keeps torch's native fp8 "
                      "matmul. fused-linear: the fused linear for every Linear, native fp8 ones included. "
                      "cast-only: only replace the cast (decode, then torch's matmul). off: unchanged."}),
         }}
