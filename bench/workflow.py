@@ -288,7 +288,8 @@ def _fp8e4nv_kernels(since: float) -> dict:
     d = _inductor_dir()
     if not d or not os.path.isdir(d):
         return {"triton_kernels": 0, "fp8e4nv_kernels": 0}
-    n = bad = 0
+    wrapped = [0, 0]   # kernels inside Inductor's output code (async_compile.triton('name', '''src'''))
+    loose = [0, 0]     # kernel source files on their own
     for path in glob.glob(os.path.join(d, "**", "*.py"), recursive=True):
         try:
             if os.path.getmtime(path) < since:
@@ -296,11 +297,14 @@ def _fp8e4nv_kernels(since: float) -> dict:
             text = open(path, encoding="utf-8", errors="replace").read()
         except OSError:
             continue
-        if "@triton.jit" not in text:
-            continue
-        n += 1
-        if "fp8e4nv" in text:
-            bad += 1
+        if "async_compile.triton(" in text:
+            for chunk in text.split("async_compile.triton(")[1:]:
+                wrapped[0] += 1
+                wrapped[1] += "fp8e4nv" in chunk
+        elif "@triton.jit" in text:
+            loose[0] += 1
+            loose[1] += "fp8e4nv" in text
+    n, bad = wrapped if wrapped[0] else loose
     return {"triton_kernels": n, "fp8e4nv_kernels": bad}
 
 
