@@ -17,7 +17,7 @@ from comfy_harness import ComfyServer  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--serve", action="store_true", help="keep ComfyUI running after the report (Ctrl+C stops)")
-    ap.add_argument("--workflow", default=str(ROOT / "workflows" / "triton_selftest_api.json"))
+    ap.add_argument("--workflow", default=str(ROOT / "workflows" / "api" / "triton_selftest.json"))
     args = ap.parse_args()
     prompt = json.loads(Path(args.workflow).read_text())
     base = Path(tempfile.mkdtemp(prefix="tritonkit-demo-"))

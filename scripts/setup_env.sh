@@ -9,22 +9,29 @@ venv="${TK_VENV:-$root/.venv}"
 app="${TK_COMFYUI:-$root/.comfyui}"
 py="${PYTHON:-python3}"
 TORCH_SPEC="${TK_TORCH_SPEC:-torch==2.14.1 torchvision==0.29.1}"
-stamp="$venv/.tritonkit-setup-v1"
+stamp="$venv/.tritonkit-setup"
+# the stamp holds a hash of every requirements file: editing one re-runs the install
+want_stamp="$(cat "$root/scripts/comfyui-requirements.txt" "$root/requirements.txt" "$root/tests/requirements.txt" \
+  | sha256sum | cut -c1-16)"
 
 log() { printf '[setup] %s\n' "$*"; }
 
-if [ ! -f "$stamp" ]; then
-  log "creating $venv"
-  "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip
-  # torch first and alone, then everything else held to it (a bare torchvision/spandrel would swap torch)
-  log "installing $TORCH_SPEC"
-  "$venv/bin/python" -m pip install -q $TORCH_SPEC
-  "$venv/bin/python" -m pip freeze | grep -iE '^(torch|torchvision|triton)==' > "$venv/constraints.txt"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want_stamp" ]; then
+  if [ ! -x "$venv/bin/python" ]; then
+    log "creating $venv"
+    "$py" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+  fi
+  if [ ! -f "$venv/constraints.txt" ]; then
+    # torch first and alone, then everything else held to it (a bare torchvision/spandrel would swap torch)
+    log "installing $TORCH_SPEC"
+    "$venv/bin/python" -m pip install -q $TORCH_SPEC
+    "$venv/bin/python" -m pip freeze | grep -iE '^(torch|torchvision|triton)==' > "$venv/constraints.txt"
+  fi
   log "installing ComfyUI requirements and test tools"
   "$venv/bin/python" -m pip install -q -c "$venv/constraints.txt" \
     -r "$root/scripts/comfyui-requirements.txt" -r "$root/requirements.txt" -r "$root/tests/requirements.txt"
-  touch "$stamp"
+  echo "$want_stamp" > "$stamp"
 fi
 
 if [ ! -f "$app/main.py" ]; then

@@ -9,7 +9,7 @@ from comfy_harness import REPO, ComfyServer
 
 pytestmark = pytest.mark.comfyui
 
-SELFTEST_WORKFLOW = json.loads((REPO / "workflows" / "triton_selftest_api.json").read_text())
+SELFTEST_WORKFLOW = json.loads((REPO / "workflows" / "api" / "triton_selftest.json").read_text())
 
 
 def test_object_info_lists_the_selftest_node(comfy_server):
