@@ -137,11 +137,12 @@ class Run:
     config: str
     compiled: bool = False
     arch: str = "native"
+    tag: str = ""
 
     @property
     def label(self) -> str:
         return f"{self.model}:{self.config}{':compiled' if self.compiled else ''}" + \
-               ("" if self.arch == "native" else f"@{self.arch}")
+               ("" if self.arch == "native" else f"@{self.arch}") + self.tag
 
     @classmethod
     def parse(cls, spec: str) -> "Run":
@@ -246,6 +247,13 @@ def _fp8_op_layers(model) -> int:
                and getattr(mod, "weight", None) is not None and mod.weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2))
 
 
+def _fp8_launches(mod) -> dict:
+    try:
+        return dict(mod.STATS._launch_counter())
+    except Exception:  # noqa: BLE001
+        return {}
+
+
 def _fp8_run_stats(mod, fp8_layers: int, patched: int) -> dict:
     """The fp8 node's per-run accounting (``STATS``: layers that ran through Triton, kernel
     launches, torch fallbacks by reason), reset by its OUTER_SAMPLE wrapper at each run."""
@@ -258,8 +266,6 @@ def _fp8_run_stats(mod, fp8_layers: int, patched: int) -> dict:
         out["layers_through_triton"] = len(layers)
         for path in set(layers.values()):
             out[f"layers_{path}"] = sum(1 for v in layers.values() if v == path)
-        for k, v in st.launches().items():
-            out[f"launches_{k}"] = v
         for reason, n in st.fallbacks.items():
             out[f"fallback: {reason}"] = n
     except Exception as e:  # noqa: BLE001
@@ -426,6 +432,7 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
         timer = StepTimer(device)
         m.add_wrapper_with_key(pe.WrappersMP.APPLY_MODEL, "tritonkit_bench_timer", timer)
         c_fp8, c_attn = _counter_snapshot(fp8_mod), _counter_snapshot(attn_mod)
+        l_fp8 = _fp8_launches(fp8_mod)
         if device == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -453,7 +460,11 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
         if device == "cuda" and compile_backend == "inductor":
             rec["inductor"] = _fp8e4nv_kernels(t_start - 1)
     rec["fp8_counters"] = _delta(c_fp8, _counter_snapshot(fp8_mod))
-    rec["fp8_counters"].update(_fp8_run_stats(fp8_mod, base_fp8_layers, patched_layers) if fp8_mode else {})
+    if fp8_mode:
+        rec["fp8_counters"].update(_fp8_run_stats(fp8_mod, base_fp8_layers, patched_layers))
+    # kernel launches of the pack's fp8 kernels in this run, for every run: a run without the
+    # node must have none (object patches of an earlier clone must not leak into it)
+    rec["fp8_counters"].update({f"launches_{k}": v for k, v in _delta(l_fp8, _fp8_launches(fp8_mod)).items()})
     rec["attention_counters"] = _delta(c_attn, _counter_snapshot(attn_mod))
     rec["latent"] = out["samples"].detach().float().cpu()
     del m, out, timer
@@ -561,6 +572,11 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
     steps_cli = steps
     steps = steps or p["steps"]
     runs = [Run.parse(s) for s in (plan or p["plan"]).split(",") if s.strip()]
+    seen_labels: dict = {}
+    for r in runs:  # a repeated run gets "#2", "#3"… in its label
+        n = seen_labels[r.label] = seen_labels.get(r.label, 0) + 1
+        if n > 1:
+            r.tag = f"#{n}"
     models_dir = Path(models_dir or tempfile.mkdtemp(prefix="tk_bench_models_"))
     models_dir.mkdir(parents=True, exist_ok=True)
     out_dir = Path(out_dir) if out_dir else None

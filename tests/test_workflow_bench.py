@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 PLAN = ("hunyuan:default,hunyuan:attn-exact,hunyuan:attn-8bit,hunyuan:both-cast,hunyuan:both-cast:compiled,"
-        "hunyuan-scaled:default,hunyuan-scaled:fp8-cast")
+        "hunyuan:default,hunyuan-scaled:default,hunyuan-scaled:fp8-cast")
 
 # final-latent tolerances against the same model's default run (2 euler steps, fp32 on CPU).
 # cast-only decodes fp8 exactly, so it must match to float rounding.
@@ -71,8 +71,10 @@ def _ok(bench, label):
 def test_table_and_json(bench):
     md, doc = bench["md"], bench["doc"]
     assert "| run | fp8 Fallback | Attention | compiled |" in md
-    for spec in PLAN.split(","):
-        assert f"| {spec} |" in md, f"no row for {spec}"
+    labels = [r["run"] for r in doc["runs"]]
+    assert labels == [s if i != 5 else s + "#2" for i, s in enumerate(PLAN.split(","))], labels
+    for label in labels:
+        assert f"| {label} |" in md, f"no row for {label}"
     assert doc["versions"]["comfyui"] == "0.3.75"
     assert doc["pack_loaded"] is True
     assert doc["nodes_not_registered_by_pack"] == []
@@ -112,6 +114,16 @@ def test_every_fp8_layer_through_kernels(bench, label):
     else:
         assert c.get("layers_through_triton") == c["fp8_layers"], c
     assert not any(k.startswith("fallback") for k in c), c
+
+
+@pytest.mark.parametrize("label", ["hunyuan:default", "hunyuan:default#2", "hunyuan-scaled:default"])
+def test_default_runs_untouched(bench, label):
+    """Runs without the nodes use none of the pack's kernels, also right after patched runs of
+    the same model (the clones' object patches and attention override must not leak)."""
+    r = _ok(bench, label)
+    assert not any(v for k, v in r["fp8_counters"].items() if k.startswith("launches_")), r["fp8_counters"]
+    assert r["attention_counters"].get("served", 0) == 0, r["attention_counters"]
+    assert r["rel_err"] == 0.0, r["rel_err"]
 
 
 def test_compiled_no_graph_break_no_recompile(bench):
