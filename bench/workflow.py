@@ -125,8 +125,8 @@ PRESETS = {
 # fp8e4nv kernels shows what official Triton would refuse on a real sm86.
 PRESETS["gpu"] = dict(device="cuda", steps=6, flux=PRESETS["flux-1024"]["flux"],
                       hunyuan=dict(PRESETS["hunyuan"]["hunyuan"]),
-                      plan="flux:default,flux:both,flux:fp8,flux:attn-exact,flux:attn-8bit,flux:both@86,"
-                           "flux:default:compiled,flux:both:compiled,"
+                      plan="flux:default,flux:both,flux:both@86,flux:default:compiled,flux:both:compiled,"
+                           "flux:fp8,flux:attn-exact,flux:attn-8bit,"
                            "hunyuan:default,hunyuan:both,hunyuan:both@86,hunyuan:default:compiled,"
                            "hunyuan:both:compiled,flux-scaled:default,flux-scaled:both")
 
@@ -605,7 +605,7 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
                             "arch": run.arch, "skipped": f"preset {preset} has no {arch_key} model"})
             continue
         if run.model not in loaded:
-            est = 150.0 if device == "cuda" and spec["config"]["depth"] > 2 else 5.0
+            est = 120.0 if device == "cuda" and spec["config"]["depth"] > 2 else 5.0  # write + load + 2 runs
             if left() is not None and left() < est:
                 results.append({"run": run.label, "model": run.model, "config": run.config, "compiled": run.compiled,
                                 "arch": run.arch, "skipped": f"time budget ({left():.0f} s left, model not built)"})
