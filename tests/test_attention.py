@@ -220,18 +220,38 @@ def test_custom_op_fake_and_compile():
                           test_utils=("test_schema", "test_faketensor"))
 
 
-def _specs():
-    return [(i, cc) for i, spec in enumerate(A.COMPILE_SPECS) for cc in spec[3]["archs"]]
+def _compile_one(job):
+    i, cc = job
+    kernel, sig, consts, opts = A.COMPILE_SPECS[i]
+    try:
+        k = compile_for(kernel, sig, consts, cc, opts["num_warps"], opts["num_stages"])
+        ptx = k.asm["ptx"]
+        return i, cc, None, len(k.asm["cubin"]), f"sm_{cc}" in ptx, "wgmma" in ptx
+    except Exception as e:  # noqa: BLE001
+        return i, cc, f"{type(e).__name__}: {str(e)[:400]}", 0, False, False
 
 
-@pytest.mark.parametrize("spec,cc", _specs(), ids=[f"{i}-sm{cc}" for i, cc in _specs()])
-def test_compiles_for_every_arch(spec, cc):
-    kernel, sig, consts, opts = A.COMPILE_SPECS[spec]
-    k = compile_for(kernel, sig, consts, cc, opts["num_warps"], opts["num_stages"])
-    assert len(k.asm["cubin"]) > 0
-    assert f"sm_{cc}" in k.asm["ptx"]
-    if cc == 90 and kernel is A.attn_fwd_kernel and consts["HEAD_DIM"] == 128 and consts["MASK_KIND"] == 0:
-        assert "wgmma" in k.asm["ptx"], "the Hopper kernel should use wgmma"
+def test_compiles_for_every_arch():
+    """Every COMPILE_SPECS entry for each of its archs, down to the cubin (ptxas included), in a
+    pool of one process per core (each compile is seconds of LLVM + ptxas)."""
+    import multiprocessing
+    import os
+
+    jobs = [(i, cc) for i, spec in enumerate(A.COMPILE_SPECS) for cc in spec[3]["archs"]]
+    n = max(1, min(len(jobs), os.cpu_count() or 1))
+    if n > 1 and "fork" in multiprocessing.get_all_start_methods():
+        with multiprocessing.get_context("fork").Pool(n) as pool:
+            results = pool.map(_compile_one, jobs, chunksize=1)
+    else:
+        results = [_compile_one(j) for j in jobs]
+    failed = [(i, cc, err) for i, cc, err, *_ in results if err]
+    assert not failed, failed
+    for i, cc, _, cubin_len, has_arch, wgmma in results:
+        consts = A.COMPILE_SPECS[i][2]
+        assert cubin_len > 0 and has_arch, (i, cc)
+        if cc == 90 and A.COMPILE_SPECS[i][0] is A.attn_fwd_kernel and consts["HEAD_DIM"] == 128:
+            assert wgmma, f"spec {i}: the Hopper kernel should use wgmma"
+    assert len(results) == len(jobs)
 
 
 def test_every_arch_has_specs():
