@@ -42,9 +42,13 @@ log = logging.getLogger("TritonKit")
 MODES = ("auto", "fused-linear", "cast-only", "off")
 ARCH_ENV = "TRITONKIT_FORCE_ARCH"  # e.g. 86: behave as on an sm86 GPU (tests of sm<89 on newer GPUs)
 PREDECODE_MAX_NUMEL = 1 << 20     # fp8 parameters outside ComfyUI ops decoded once up to this size
-# auto on a GPU: the fused linear where it measured faster than decode + torch's matmul (few
-# tokens: weight-bandwidth bound); more tokens use the decode + cuBLAS (BENCHMARKS.md, fp8 section)
+# auto on a GPU uses the fused linear only where it measured faster than our decode + torch's
+# matmul (BENCHMARKS.md, fp8 section, H200): few tokens (<= 16, the weight-streaming regime, e.g.
+# Flux's modulation layers that see one token per image) on layers wide enough to give every SM
+# work (>= 64 output features per SM: a 12288-wide layer, not a 3072-wide one). Everything else
+# uses the decode + cuBLAS, which beats ComfyUI's cast + matmul 1.2-2.5x on every measured shape.
 FUSED_MAX_TOKENS = 16
+FUSED_MIN_FEATURES_PER_SM = 64
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 WRAPPER_KEY = "tritonkit_fp8_fallback"
 
@@ -294,6 +298,7 @@ def plan_model(model, mode: str = "auto") -> Plan:
 
     dm = model.get_model_object("diffusion_model")
     native_fp8_mm = arch is not None and arch >= 89 and fast
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
     op_params = set()
     for name, m in dm.named_modules():
         if not isinstance(m, comfy.ops.CastWeightBiasOp):
@@ -312,7 +317,10 @@ def plan_model(model, mode: str = "auto") -> Plan:
             plan.skipped.setdefault("native fp8 matmul (torch._scaled_mm) kept", []).append(name)
             continue
         fused = kind == "linear" and mode in ("auto", "fused-linear")
-        limit = FUSED_MAX_TOKENS if (mode == "auto" and device.type == "cuda") else None
+        limit = None
+        if fused and mode == "auto" and device.type == "cuda":
+            fused = w.shape[0] >= FUSED_MIN_FEATURES_PER_SM * sm_count
+            limit = FUSED_MAX_TOKENS
         plan.layers[name] = LayerConfig(name=name, kind=kind, fused=fused, fused_max_tokens=limit, arch=arch,
                                         allow_cpu=allow_cpu)
 
@@ -327,7 +335,8 @@ def plan_model(model, mode: str = "auto") -> Plan:
 
     if fast and arch is not None and arch < 89:
         plan.notes.append(f"fp8_e4m3fn_fast: no native fp8 matmul on sm{arch}; its Linear layers use the fused "
-                          "W8A16 linear instead (auto: for few tokens; decode + matmul above)" if mode != "cast-only" else
+                          "W8A16 linear where it is faster (auto: few tokens on wide layers), else the Triton decode + "
+                          "torch's matmul" if mode != "cast-only" else
                           f"fp8_e4m3fn_fast: no native fp8 matmul on sm{arch}; cast-only decodes its weights")
     if arch == 75:
         plan.notes.append("sm75 has no bf16 tensor cores: the fused linear runs for fp16 activations only, "
@@ -438,8 +447,8 @@ class TritonFp8Fallback:
         return {"required": {
             "model": ("MODEL",),
             "mode": (list(MODES), {"default": "auto", "tooltip":
-                     "auto: every fp8 layer through Triton; Linear layers use the fused fp8-weight linear for few "
-                     "tokens (where it is faster) and the decode + torch's matmul otherwise, other layers the decode; on sm89+ a checkpoint loaded as fp8_e4m3fn_fast keeps torch's native fp8 "
+                     "auto: every fp8 layer through Triton: the decode then torch's op, and for Linear layers the "
+                     "fused fp8-weight linear where it measured faster (<= 16 tokens on wide layers); on sm89+ a checkpoint loaded as fp8_e4m3fn_fast keeps torch's native fp8 "
                      "matmul. fused-linear: the fused linear for every Linear, native fp8 ones included. "
                      "cast-only: only replace the cast (decode, then torch's matmul). off: unchanged."}),
         }}

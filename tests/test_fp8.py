@@ -234,5 +234,6 @@ def test_gpu_encode_matches_torch_cuda(fmt):
     assert_bits_equal(fp8.encode(x, fmt).cpu(), x.cpu().to(fmt))
     big = (torch.randn(3_000_017, device="cuda") * 100).to(torch.bfloat16)
     assert_bits_equal(fp8.encode(big, fmt).cpu(), big.to(fmt).cpu())
-    w = fp8.encode(big, fmt)
-    assert_bits_equal(fp8.decode(w, torch.bfloat16).cpu(), w.to(torch.bfloat16).cpu())
+    w = fp8.encode(big, fmt)  # with torch <= 2.11 e4m3fn overflow (|x| >= 480) is NaN, as torch's cast gives
+    assert_bits_equal(fp8.decode(w, torch.bfloat16).cpu(), w.to(torch.bfloat16).cpu(), nan_bits=False)  # CUDA: 0x7FFF
+    assert_bits_equal(fp8.decode(w, torch.bfloat16).cpu(), w.cpu().to(torch.bfloat16))
