@@ -325,8 +325,12 @@ def plan_model(model, mode: str = "auto") -> Plan:
                                         allow_cpu=allow_cpu)
 
     dtype = plan.compute_dtype or torch.float32
-    for pname, p in dm.named_parameters():
-        if pname in op_params or not _plain_fp8(p):
+    for pname, _ in dm.named_parameters():
+        if pname in op_params:
+            continue
+        # the original, even while another clone's patches are applied (ComfyUI keeps models loaded)
+        p = model.get_model_object(f"diffusion_model.{pname}")
+        if not _plain_fp8(p):
             continue
         if p.numel() <= PREDECODE_MAX_NUMEL:
             plan.predecode[pname] = (p, dtype)

@@ -111,6 +111,10 @@ def test_patch_is_exact_counted_and_reversible(comfy, node):
         assert not node.STATS.fallbacks
         # fp32 compute: our decode is exact, the fused linear sums in another order
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        # the node run again while this clone is still applied (ComfyUI keeps loaded models patched)
+        plan2 = node.plan_model(mp, "cast-only")
+        assert set(plan2.layers) == {"img_in", "out", "norm", "conv"} and set(plan2.predecode) == {"qk.scale"}
+        assert plan2.predecode["qk.scale"][0].dtype == FP8
     finally:
         clone.unpatch_model()
     assert base.diffusion_model.qk.scale.dtype == FP8
