@@ -305,6 +305,9 @@ def plan_model(model, mode: str = "auto") -> Plan:
             continue
         w = getattr(m, "weight", None)
         if not _plain_fp8(w):
+            q = getattr(w, "_qdata", None)  # ComfyUI's QuantizedTensor (mixed-precision checkpoints)
+            if isinstance(q, torch.Tensor) and q.dtype in FP8_DTYPES:
+                plan.skipped.setdefault("QuantizedTensor (mixed-precision) layers are not handled", []).append(name)
             continue
         op_params.add(f"{name}.weight")
         op_params.add(f"{name}.bias")

@@ -192,6 +192,21 @@ def test_scaled_fp8_layers(comfy, node):
         clone.unpatch_model()
 
 
+def test_unhandled_layers_are_reported(comfy, node):
+    from comfy.quant_ops import QuantizedTensor
+    base, mp = build(comfy)
+    dm = base.diffusion_model
+    q = dm.out.weight.detach().clone()
+    dm.out.weight = torch.nn.Parameter(QuantizedTensor(q, "TensorCoreFP8Layout", {"scale": torch.tensor(1.0),
+                                                                                  "orig_dtype": torch.float32}),
+                                       requires_grad=False)
+    dm.emb = comfy.ops.manual_cast.Embedding(10, 8, dtype=FP8)
+    plan = node.plan_model(mp, "auto")
+    assert plan.skipped == {"QuantizedTensor (mixed-precision) layers are not handled": ["out"],
+                            "Embedding layers are not handled": ["emb"]}
+    assert "left on torch: 1 (Embedding layers are not handled)" in node.describe(plan)
+
+
 def test_arch_override_and_fast_fp8(comfy, node, monkeypatch):
     assert node.parse_arch("86") == 86 and node.parse_arch("sm_75") == 75 and node.parse_arch("8.9") == 89
     monkeypatch.setenv("TRITONKIT_FORCE_ARCH", "86")
