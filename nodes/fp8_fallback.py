@@ -29,13 +29,16 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import types
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
-from ..kernels.runtime import force_triton_on_cpu
+
+def force_triton_on_cpu() -> bool:
+    # imported here, not at module import: the node must register (and say why) without Triton
+    from ..kernels.runtime import force_triton_on_cpu as forced
+    return forced()
 
 log = logging.getLogger("TritonKit")
 
@@ -427,6 +430,14 @@ def describe(plan: Plan) -> str:
 
 def patch_model(model, mode: str = "auto"):
     """(patched clone or the model itself, report text)."""
+    if mode != "off":
+        try:
+            from ..kernels import fp8, fp8_linear  # noqa: F401  (Triton and the custom ops)
+        except Exception as e:  # a broken Triton install: the self-test node says why and how to fix it
+            text = (f"Triton fp8 Fallback: {mode}: the Triton kernels could not be loaded ({type(e).__name__}: {e}); "
+                    "the model is returned unchanged (torch's casts). Run the Triton Self-Test node for the cause.")
+            log_once("import-error", text, logging.WARNING)
+            return model, text
     plan = plan_model(model, mode)
     text = describe(plan)
     if not plan.active:

@@ -241,6 +241,30 @@ def test_patched_model_compiles_without_graph_breaks(comfy, node):
         torch._dynamo.reset()
 
 
+def test_node_registers_and_explains_with_a_broken_triton(tmp_path):
+    """With a Triton whose import fails (old vcredist DLLs on Windows), the node still registers and
+    returns the model unchanged, saying why."""
+    import subprocess
+    shadow = tmp_path / "shadow" / "triton"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('DLL load failed while importing libtriton')\n")
+    script = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("tk_pack", {str(REPO / "__init__.py")!r},
+                                              submodule_search_locations=[{str(REPO)!r}])
+m = importlib.util.module_from_spec(spec); sys.modules["tk_pack"] = m; spec.loader.exec_module(m)
+assert "TritonKitFp8Fallback" in m.NODE_CLASS_MAPPINGS, sorted(m.NODE_CLASS_MAPPINGS)
+model = object()
+out = m.NODE_CLASS_MAPPINGS["TritonKitFp8Fallback"]().patch(model, "auto")
+assert out["result"][0] is model
+print(out["ui"]["text"][0])
+"""
+    r = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(shadow.parent)},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "could not be loaded" in r.stdout and "libtriton" in r.stdout, r.stdout
+
+
 def test_node_registration():
     import importlib
     pack = importlib.import_module("tritonkit")
