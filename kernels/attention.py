@@ -441,7 +441,17 @@ class _interpreted_device_calls:
             self._orig = JITFunction.__call__
 
             def _call(jit_self, *args, **kwargs):
-                return InterpretedFunction(jit_self.fn)(*args, **kwargs)
+                # InterpretedFunction.__call__ would patch triton.language for the callee and never
+                # undo it (tl.core stays patched and later GPU compiles in this process break):
+                # patch, run the rewritten function, restore.
+                from triton.runtime import interpreter as _ti
+                f = InterpretedFunction(jit_self.fn)
+                scope = _ti._patch_lang(jit_self.fn)
+                try:
+                    return f.rewrite()(*args, **kwargs)
+                finally:
+                    if hasattr(scope, "restore"):
+                        scope.restore()
             JITFunction.__call__ = _call
         return self
 
@@ -679,7 +689,13 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
         with _interpreted_device_calls(q.device.type):
             return _launch(q, k, v, mask, int(heads), bhld, out_bhld, None if scale is None else float(scale),
                            mode == "int8", bool(causal), tuple(config) if config is not None else None, out)
-    return _attention_op(q, k, v, mask, int(heads), bhld, out_bhld,
+    op = _attention_op
+    if q.device.type == "cpu" and not torch.compiler.is_compiling():
+        # Eager CPU (the interpreter) calls the implementation directly, not through the
+        # dispatcher: a custom-op call that runs the Triton interpreter inside it crashed torch
+        # 2.14's dispatcher intermittently in CI (segfault in OpOverload.__call__).
+        op = _attention_impl
+    return op(q, k, v, mask, int(heads), bhld, out_bhld,
                          None if scale is None else float(scale), mode == "int8", bool(causal),
                          bm, bn, nw, ns)
 

@@ -204,20 +204,39 @@ def test_check_supported_reasons():
     assert A.check_supported(q, q, q, 2, False, mode="fp4").startswith("unknown mode")
 
 
+_CUSTOM_OP_SCRIPT = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import conftest  # noqa: F401  (the tritonkit package)
+from tritonkit.kernels import attention as A
+from test_attention import make_qkv
+gen = torch.Generator().manual_seed(2)
+q, k, v = make_qkv(1, 2, 2, 24, 20, 16, torch.float16, "bld", gen)
+mask = torch.rand(24, 20, generator=gen) > 0.2
+
+def f(q, k, v, mask):
+    return A.attention(q * 1.0, k, v, 2, mask=mask, config=(16, 16, 4, 1)) + 1.0
+
+compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v, mask)  # fullgraph: no graph break
+eager = f(q, k, v, mask)
+assert torch.equal(eager, compiled)
+torch.library.opcheck(torch.ops.tritonkit.attention.default,
+                      (q, k, v, mask, 2, False, True, None, False, False, 16, 16, 4, 1),
+                      test_utils=("test_schema", "test_faketensor"))
+print("custom op ok")
+"""
+
+
 def test_custom_op_fake_and_compile():
-    gen = torch.Generator().manual_seed(2)
-    q, k, v = make_qkv(1, 2, 2, 24, 20, 16, torch.float16, "bld", gen)
-    mask = torch.rand(24, 20, generator=gen) > 0.2
-
-    def f(q, k, v, mask):
-        return A.attention(q * 1.0, k, v, 2, mask=mask, config=(16, 16, 4, 1)) + 1.0
-
-    eager = f(q, k, v, mask)
-    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v, mask)  # no graph break
-    assert torch.equal(eager, compiled)
-    torch.library.opcheck(torch.ops.tritonkit.attention.default,
-                          (q, k, v, mask, 2, False, True, None, False, False, 16, 16, 4, 1),
-                          test_utils=("test_schema", "test_faketensor"))
+    # In its own process: after many Triton-interpreter runs in one process, the first dispatcher
+    # call of the op segfaulted intermittently inside torch 2.14 (fake tensors included); a fresh
+    # process never did (6/6). Eager CPU calls bypass the dispatcher for that reason.
+    import subprocess
+    import sys
+    from pathlib import Path
+    r = subprocess.run([sys.executable, "-c", _CUSTOM_OP_SCRIPT, str(Path(__file__).parent)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "custom op ok" in r.stdout, (r.returncode, r.stdout[-2000:], r.stderr[-4000:])
 
 
 def _compile_one(job):
