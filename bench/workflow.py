@@ -506,6 +506,10 @@ def annotate(results: list[dict]) -> None:
         same = base.get((r["model"], r["compiled"]))
         if same is not None and r.get("s_per_step") and same.get("s_per_step"):
             r["speedup_vs_default_same_mode"] = same["s_per_step"] / r["s_per_step"]
+        if r["compiled"] and same is not None and same is not r and "latent" in r and "latent" in same:
+            # compiled runs also against the compiled default: Inductor's own numerics apart
+            r.update({f"{k}_vs_default_compiled": v for k, v in compare(r["latent"], same["latent"]).items()
+                      if k != "finite"})
 
 
 def markdown(meta: dict, results: list[dict]) -> str:
@@ -530,6 +534,9 @@ def markdown(meta: dict, results: list[dict]) -> str:
             d = r["dynamo"]
             notes.append(f"{d['frames']} frame(s) compiled, {d['graph_breaks']} graph break(s), "
                          f"{d['frames_after_first_step']} recompile(s) after step 1")
+        if r.get("cosine_vs_default_compiled") is not None:
+            notes.append(f"vs default compiled: rel err {_fmt(r['rel_err_vs_default_compiled'], 4)}, "
+                         f"cos {_fmt(r['cosine_vs_default_compiled'], 5)}")
         if r.get("inductor"):
             notes.append(f"{r['inductor']['fp8e4nv_kernels']}/{r['inductor']['triton_kernels']} Inductor kernels use fp8e4nv")
         for k in ("attention_counters", "fp8_counters"):

@@ -151,6 +151,10 @@ def test_run_spec_parse_and_report():
          "compiled": False, "arch": "native", "s_per_step": 1.0, "first_step_s": 1.5, "latent": ref * 1.01},
         {"run": "flux:both:compiled", "model": "flux", "config": "both", "compiled": True, "arch": "native",
          "error": "RuntimeError: boom"},
+        {"run": "flux:default:compiled", "model": "flux", "config": "default", "fp8": None, "attention": None,
+         "compiled": True, "arch": "native", "s_per_step": 1.0, "first_step_s": 9.0, "latent": ref * 2},
+        {"run": "flux:fp8:compiled", "model": "flux", "config": "fp8", "fp8": "auto", "attention": None,
+         "compiled": True, "arch": "native", "s_per_step": 0.5, "first_step_s": 9.0, "latent": ref * 2},
     ]
     meta = {"versions": {"cpu": "x", "cpu_count": 2, "torch": "t", "triton": "tr", "python": "p", "comfyui": "c"},
             "command": "cmd", "steps": 2, "models": {}}
@@ -159,3 +163,8 @@ def test_run_spec_parse_and_report():
     assert both["speedup_vs_default_eager"] == pytest.approx(2.0)
     assert both["cosine"] == pytest.approx(1.0) and both["rel_err"] == pytest.approx(0.01, rel=1e-4)
     assert "FAILED: RuntimeError: boom" in md and "latent" not in doc["runs"][0]
+    # compiled runs: speed-up against both defaults, accuracy against the eager and the compiled default
+    fc = doc["runs"][4]
+    assert fc["speedup_vs_default_same_mode"] == pytest.approx(2.0) and fc["speedup_vs_default_eager"] == pytest.approx(4.0)
+    assert fc["rel_err"] == pytest.approx(1.0, rel=1e-4) and fc["rel_err_vs_default_compiled"] == 0.0
+    assert "vs default compiled: rel err 0.0000" in md
