@@ -8,6 +8,7 @@ module level (``stats()``) and are served at ``GET /tritonkit/attention/stats``.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import Counter
 
@@ -31,6 +32,13 @@ MODES = ("auto", "exact", "8-bit")
 # for precision (attn_precision=fp32, low_precision_attention=False) stay exact.
 AUTO_INT8_MIN_KEYS = 8192
 AUTO_INT8_MIN_HEAD = 96
+
+# auto also leaves ComfyUI's PyTorch attention (SDPA) in place where SDPA measured faster than both
+# of our modes (BENCHMARKS.md, H200): on Hopper and newer datacenter parts, where SDPA picks cuDNN
+# (458-604 TFLOPS vs our 348-565), and for head sizes that are not a multiple of 32 (SD1.5's 40/80:
+# SDPA 152-263 vs our 100-153). Explicit exact / 8-bit always run our kernels.
+AUTO_SDPA_MIN_ARCH = 90
+ARCH_ENV = "TRITONKIT_FORCE_ARCH"  # e.g. 86: choose paths as on an sm86 GPU (shared with the fp8 node)
 
 _lock = threading.Lock()
 _stats = Counter()
@@ -87,7 +95,25 @@ def _bind(args, kwargs):
     return b
 
 
-def plan(mode: str, b: dict, force_cpu: bool) -> tuple[str | None, str | None]:
+def _arch(device) -> int | None:
+    """Compute capability as an int, from TRITONKIT_FORCE_ARCH when set (CUDA devices only)."""
+    if device.type != "cuda":
+        return None
+    forced = os.environ.get(ARCH_ENV, "").strip().lower().removeprefix("sm").replace(".", "")
+    if forced.isdigit():
+        return int(forced)
+    return A._device_cc(device)
+
+
+def sdpa_is_faster(func_name: str | None, cc: int | None, head_dim: int) -> bool:
+    """Whether auto should keep ComfyUI's own attention: only when that is PyTorch SDPA and SDPA
+    measured faster than our kernels for this GPU class or head size."""
+    if func_name != "attention_pytorch" or cc is None:
+        return False
+    return cc >= AUTO_SDPA_MIN_ARCH or head_dim % 32 != 0
+
+
+def plan(mode: str, b: dict, force_cpu: bool, func_name: str | None = None) -> tuple[str | None, str | None]:
     """(kernel mode "exact"/"int8" or None, fallback reason or None) for one call."""
     if A is None:
         return None, f"Triton unavailable ({_IMPORT_ERROR})"
@@ -103,7 +129,7 @@ def plan(mode: str, b: dict, force_cpu: bool) -> tuple[str | None, str | None]:
     heads = b.get("heads")
     if not isinstance(heads, (int, torch.SymInt)):
         return None, "heads not given as an int"
-    cc = A._device_cc(q.device)
+    cc = _arch(q.device)
     if mode == "8-bit":
         if not low_precision_ok:
             return None, "low_precision_attention=False in 8-bit mode"
@@ -115,6 +141,9 @@ def plan(mode: str, b: dict, force_cpu: bool) -> tuple[str | None, str | None]:
     else:  # auto
         D = q.shape[-1] if bhld else (q.shape[-1] // heads if heads else 0)
         Lk = k.shape[-2] if bhld else (k.shape[1] if k.ndim == 3 else 0)
+        if sdpa_is_faster(func_name, cc, D):
+            return None, (f"auto: ComfyUI's PyTorch attention (SDPA) measured faster on sm{cc} at head size {D}"
+                          if cc else f"auto: ComfyUI's PyTorch attention (SDPA) measured faster at head size {D}")
         attn_precision = b.get("attn_precision")
         kmode = "int8" if (low_precision_ok and A.int8_supported(cc) and attn_precision != torch.float32
                            and D >= AUTO_INT8_MIN_HEAD and Lk >= AUTO_INT8_MIN_KEYS) else "exact"
@@ -138,7 +167,7 @@ def make_override(mode: str):
 
     def tritonkit_attention_override(func, *args, **kwargs):
         b = _bind(args, kwargs)
-        kmode, reason = plan(mode, b, A is not None and force_triton_on_cpu())
+        kmode, reason = plan(mode, b, A is not None and force_triton_on_cpu(), getattr(func, "__name__", None))
         if kmode is not None:
             try:
                 out = run_attention(kmode, b)
@@ -169,8 +198,9 @@ def describe(mode: str, model) -> str:
             return "\n".join(lines)
         cc = None
     else:
-        cc = A._device_cc(dev)
-        lines.append(f"device: {torch.cuda.get_device_name(dev)} (sm{cc})")
+        cc = _arch(dev)
+        lines.append(f"device: {torch.cuda.get_device_name(dev)} (sm{cc}"
+                     + (f", forced by {ARCH_ENV}" if os.environ.get(ARCH_ENV, "").strip() else "") + ")")
     if mode == "8-bit" and not A.int8_supported(cc):
         lines.append("8-bit needs sm80+: calls use ComfyUI's attention; choose exact")
     elif mode == "8-bit":
@@ -180,6 +210,12 @@ def describe(mode: str, model) -> str:
     else:
         lines.append(f"kernel: 8-bit for head size >= {AUTO_INT8_MIN_HEAD} and >= {AUTO_INT8_MIN_KEYS} keys"
                      + ("" if A.int8_supported(cc) else " (not on this GPU)") + ", exact elsewhere")
+        if cc is not None and cc >= AUTO_SDPA_MIN_ARCH:
+            lines.append(f"auto on sm{cc}: PyTorch SDPA (cuDNN) measured faster, so calls ComfyUI sends to SDPA "
+                         "stay there; pick exact or 8-bit to force the Triton kernels")
+        else:
+            lines.append("auto: head sizes that are not a multiple of 32 (SD1.5's 40/80) stay on PyTorch SDPA, "
+                         "which measured faster there")
     lines.append(f"dtypes: {', '.join(str(d).replace('torch.', '') for d in A.supported_dtypes(cc))}; "
                  f"head size <= {A.MAX_HEAD_DIM}; anything else uses ComfyUI's attention (logged once per reason)")
     return "\n".join(lines)
@@ -200,8 +236,9 @@ class TritonAttention:
     OUTPUT_TOOLTIPS = ("The model with its attention routed through the Triton kernel.",)
     DESCRIPTION = ("Runs the model's attention through TritonKit's Triton FlashAttention kernel. exact: fp32 "
                    "softmax/accumulation, same accuracy as PyTorch SDPA. 8-bit: int8 Q·K (SageAttention style), "
-                   "faster, cosine >= 0.999. auto: 8-bit on long self-attention with head size >= 64, exact "
-                   "elsewhere. Calls it can't serve use ComfyUI's attention (logged once). Put TorchCompileModel "
+                   "faster, cosine >= 0.999. auto: 8-bit on long self-attention with head size >= 96, exact "
+                   "elsewhere, and PyTorch SDPA kept where it measured faster (sm90+, head sizes like 40/80). "
+                   "Calls it can't serve use ComfyUI's attention (logged once). Put TorchCompileModel "
                    "after it if you compile.")
 
     @classmethod
@@ -209,8 +246,9 @@ class TritonAttention:
         return {"required": {
             "model": ("MODEL",),
             "mode": (list(MODES), {"default": "auto", "tooltip":
-                     "auto: 8-bit where it is safe and pays (long self-attention, head size >= 64), exact "
-                     "elsewhere. exact: fp16/bf16 in, fp32 softmax. 8-bit: int8 Q·K everywhere it may."}),
+                     "auto: 8-bit where it is safe and pays (long self-attention, head size >= 96), exact "
+                     "elsewhere; PyTorch SDPA kept where it measured faster. exact: fp16/bf16 in, fp32 softmax. "
+                     "8-bit: int8 Q·K everywhere it may."}),
         }}
 
     def patch(self, model, mode="auto"):

@@ -147,6 +147,27 @@ def test_auto_picks_int8_only_for_long_wide_self_attention(monkeypatch):
     assert N.plan("auto", N._bind((t, t, t, 8), {"attn_precision": torch.float32}), True) == ("exact", None)
 
 
+def test_auto_keeps_sdpa_where_it_measured_faster(monkeypatch):
+    # ComfyUI's SDPA backend on Hopper+ (cuDNN) or at head sizes that are not a multiple of 32
+    assert N.sdpa_is_faster("attention_pytorch", 90, 128)
+    assert N.sdpa_is_faster("attention_pytorch", 120, 64)
+    assert N.sdpa_is_faster("attention_pytorch", 86, 40)
+    assert not N.sdpa_is_faster("attention_pytorch", 86, 128)
+    assert not N.sdpa_is_faster("attention_pytorch", 89, 64)
+    assert not N.sdpa_is_faster("attention_sub_quad", 90, 128)  # other backends: ours is faster
+    assert not N.sdpa_is_faster("attention_pytorch", None, 40)  # CPU (forced interpreter)
+    # TRITONKIT_FORCE_ARCH makes a newer GPU choose like an older one
+    monkeypatch.setenv(N.ARCH_ENV, "sm86")
+    assert N._arch(torch.device("cuda", 0)) == 86
+    monkeypatch.setenv(N.ARCH_ENV, "90")
+    assert N._arch(torch.device("cuda", 0)) == 90
+    assert N._arch(torch.device("cpu")) is None
+    # on CPU with Triton forced, auto serves SDPA's calls too (no measured reason to defer)
+    monkeypatch.setenv(FORCE, "1")
+    b = N._bind((torch.zeros(1, 2, 64, 40, dtype=torch.float16),) * 3 + (2,), {"skip_reshape": True})
+    assert N.plan("auto", b, True, "attention_pytorch") == ("exact", None)
+
+
 def test_kernel_error_falls_back(monkeypatch):
     monkeypatch.setenv(FORCE, "1")
 
