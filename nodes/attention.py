@@ -8,11 +8,12 @@ module level (``stats()``) and are served at ``GET /tritonkit/attention/stats``.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import Counter
 
 import torch
+
+from .arch import ARCH_ENV, arch_forced, effective_arch
 
 log = logging.getLogger("TritonKit")
 
@@ -38,7 +39,6 @@ AUTO_INT8_MIN_HEAD = 96
 # (458-604 TFLOPS vs our 348-565), and for head sizes that are not a multiple of 32 (SD1.5's 40/80:
 # SDPA 152-263 vs our 100-153). Explicit exact / 8-bit always run our kernels.
 AUTO_SDPA_MIN_ARCH = 90
-ARCH_ENV = "TRITONKIT_FORCE_ARCH"  # e.g. 86: choose paths as on an sm86 GPU (shared with the fp8 node)
 
 _lock = threading.Lock()
 _stats = Counter()
@@ -96,13 +96,8 @@ def _bind(args, kwargs):
 
 
 def _arch(device) -> int | None:
-    """Compute capability as an int, from TRITONKIT_FORCE_ARCH when set (CUDA devices only)."""
-    if device.type != "cuda":
-        return None
-    forced = os.environ.get(ARCH_ENV, "").strip().lower().removeprefix("sm").replace(".", "")
-    if forced.isdigit():
-        return int(forced)
-    return A._device_cc(device)
+    """The compute capability paths are chosen for (TRITONKIT_FORCE_ARCH wins); None off CUDA."""
+    return effective_arch(device) if device.type == "cuda" else None
 
 
 def sdpa_is_faster(func_name: str | None, cc: int | None, head_dim: int) -> bool:
@@ -200,7 +195,7 @@ def describe(mode: str, model) -> str:
     else:
         cc = _arch(dev)
         lines.append(f"device: {torch.cuda.get_device_name(dev)} (sm{cc}"
-                     + (f", forced by {ARCH_ENV}" if os.environ.get(ARCH_ENV, "").strip() else "") + ")")
+                     + (f", forced by {ARCH_ENV}" if arch_forced() else "") + ")")
     if mode == "8-bit" and not A.int8_supported(cc):
         lines.append("8-bit needs sm80+: calls use ComfyUI's attention; choose exact")
     elif mode == "8-bit":

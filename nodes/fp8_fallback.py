@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+
+from .arch import ARCH_ENV, arch_forced, effective_arch, parse_arch  # noqa: F401 (parse_arch: tests)
 
 
 def force_triton_on_cpu() -> bool:
@@ -43,7 +44,6 @@ def force_triton_on_cpu() -> bool:
 log = logging.getLogger("TritonKit")
 
 MODES = ("auto", "fused-linear", "cast-only", "off")
-ARCH_ENV = "TRITONKIT_FORCE_ARCH"  # e.g. 86: behave as on an sm86 GPU (tests of sm<89 on newer GPUs)
 PREDECODE_MAX_NUMEL = 1 << 20     # fp8 parameters outside ComfyUI ops decoded once up to this size
 # auto on a GPU uses the fused linear only where it measured faster than our decode + torch's
 # matmul (BENCHMARKS.md, fp8 section, H200): few tokens (<= 16, the weight-streaming regime, e.g.
@@ -62,30 +62,6 @@ def log_once(key: str, msg: str, level: int = logging.INFO) -> None:
     if key not in _logged:
         _logged.add(key)
         log.log(level, "TritonKit fp8: %s", msg)
-
-
-def parse_arch(value: str) -> Optional[int]:
-    """'86', 'sm86', 'sm_86', '8.6' -> 86; '' -> None."""
-    v = value.strip().lower().replace("sm_", "").replace("sm", "")
-    if not v:
-        return None
-    if "." in v:
-        major, minor = v.split(".", 1)
-        return int(major) * 10 + int(minor)
-    return int(v)
-
-
-def effective_arch(device) -> Optional[int]:
-    """Compute capability as an int (86 for sm86), from ``TRITONKIT_FORCE_ARCH`` when set, else
-    from the CUDA device; None for a non-CUDA device."""
-    forced = os.environ.get(ARCH_ENV, "")
-    if forced.strip():
-        return parse_arch(forced)
-    dev = torch.device(device) if device is not None else None
-    if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability(dev)
-    return major * 10 + minor
 
 
 # ----------------------------------------------------------------------------- per-run accounting
@@ -407,7 +383,7 @@ def run_summary(n_layers: int) -> str:
 
 def describe(plan: Plan) -> str:
     where = f"sm{plan.arch}" if plan.arch is not None else plan.device
-    if os.environ.get(ARCH_ENV, "").strip():
+    if arch_forced():
         where += f" (forced by {ARCH_ENV})"
     lines = [f"Triton fp8 Fallback: {plan.mode} on {where}"]
     if plan.mode == "off":

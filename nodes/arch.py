@@ -1,0 +1,39 @@
+"""The GPU architecture the nodes choose their paths for: the CUDA device's compute capability,
+or ``TRITONKIT_FORCE_ARCH`` (e.g. ``86``) so a newer GPU can be made to behave like an older one
+(tests and benchmarks of the sm<89 paths on an H100/H200). No Triton import: the nodes must
+register without a working Triton."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+ARCH_ENV = "TRITONKIT_FORCE_ARCH"
+
+
+def parse_arch(value: str) -> Optional[int]:
+    """'86', 'sm86', 'sm_86', '8.6' -> 86; '' -> None."""
+    v = value.strip().lower().replace("sm_", "").replace("sm", "")
+    if not v:
+        return None
+    if "." in v:
+        major, minor = v.split(".", 1)
+        return int(major) * 10 + int(minor)
+    return int(v)
+
+
+def arch_forced() -> bool:
+    return bool(os.environ.get(ARCH_ENV, "").strip())
+
+
+def effective_arch(device) -> Optional[int]:
+    """Compute capability as an int (86 for sm86), from ``TRITONKIT_FORCE_ARCH`` when set, else
+    from the CUDA device; None for a non-CUDA device."""
+    if arch_forced():
+        return parse_arch(os.environ[ARCH_ENV])
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(dev)
+    return major * 10 + minor
