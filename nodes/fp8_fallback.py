@@ -13,10 +13,14 @@ per-module route of docs: comfyui-internals §B.6, option 2):
   ``torch.ops.tritonkit.fp8_decode`` then ComfyUI's own functional call, weight functions
   (LoRA patches in lowvram mode) applied after the decode exactly as ComfyUI applies them;
 * small fp8 parameters that are not in a ComfyUI op (Flux's QK-norm scales, WAN's modulation)
-  are decoded once, here, to the compute dtype (an object patch of the parameter).
+  and the fp8 biases of the patched layers are decoded once, here, to the compute dtype (an
+  object patch of the parameter): a bias is a few KB, and decoding it on every call was half of
+  the kernel launches of a Flux step (bench/workflow.py).
 
 Both ops are opaque custom ops, so under ``torch.compile`` Inductor calls them and never emits
-code that reads an fp8 tensor. Patches live on the clone only (ModelPatcher applies object
+code that reads an fp8 tensor. On a GPU with native fp8 (sm89+, not forced lower) ``auto`` leaves
+the compiled graph to ComfyUI's own cast, which Inductor compiles natively there and which
+measured as fast or faster; eager calls keep the Triton decode. Patches live on the clone only (ModelPatcher applies object
 patches when it loads the model and restores the originals when it unloads), so bypassing or
 deleting the node restores ComfyUI's behaviour. Per call, a layer falls back to ComfyUI's own
 forward when its weights are not on the compute device (offloaded/lowvram weights on the CPU),
@@ -112,6 +116,7 @@ class LayerConfig:
     fused_max_tokens: Optional[int] = None  # ... for at most this many rows of activations
     arch: Optional[int] = None  # effective compute capability (None on CPU)
     allow_cpu: bool = False     # run the Triton path on CPU tensors (the interpreter)
+    compile_native: bool = False  # under torch.compile, leave ComfyUI's cast to Inductor (see below)
 
 
 def _eligible(m, x, cfg: LayerConfig) -> Optional[str]:
@@ -174,6 +179,11 @@ def _fused_ok(m, x, cfg: LayerConfig) -> bool:
 
 
 def _forward(m, orig, cfg: LayerConfig, rms_norm, x, *args, **kwargs):
+    if cfg.compile_native and torch.compiler.is_compiling():
+        # auto on sm89+: Inductor compiles ComfyUI's own fp8 cast there (fp8e4nv is native) and
+        # that measured faster than calling our decode op from the compiled graph (Flux-dev on an
+        # H200: 0.137 vs 0.144 s/step); eager calls keep our decode, which beats torch's cast
+        return orig(m, x, *args, **kwargs)
     why = _eligible(m, x, cfg)
     if why is not None:
         _fallback(cfg.name, why)
@@ -223,6 +233,7 @@ class Plan:
     fast_fp8: bool
     layers: dict = field(default_factory=dict)     # name -> LayerConfig
     predecode: dict = field(default_factory=dict)  # param name -> (param, dtype)
+    predecoded_biases: int = 0                     # how many of those are biases of patched layers
     skipped: dict = field(default_factory=dict)    # reason -> [names]
     notes: list = field(default_factory=list)
 
@@ -277,6 +288,7 @@ def plan_model(model, mode: str = "auto") -> Plan:
 
     dm = model.get_model_object("diffusion_model")
     native_fp8_mm = arch is not None and arch >= 89 and fast
+    compile_native = mode == "auto" and device.type == "cuda" and arch is not None and arch >= 89
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
     op_params = set()
     for name, m in dm.named_modules():
@@ -304,9 +316,14 @@ def plan_model(model, mode: str = "auto") -> Plan:
             fused = w.shape[0] >= FUSED_MIN_FEATURES_PER_SM * sm_count
             limit = FUSED_MAX_TOKENS
         plan.layers[name] = LayerConfig(name=name, kind=kind, fused=fused, fused_max_tokens=limit, arch=arch,
-                                        allow_cpu=allow_cpu)
+                                        allow_cpu=allow_cpu, compile_native=compile_native)
 
     dtype = plan.compute_dtype or torch.float32
+    for name in plan.layers:
+        b = model.get_model_object(f"diffusion_model.{name}.bias")
+        if _plain_fp8(b) and b.numel() <= PREDECODE_MAX_NUMEL:
+            plan.predecode[f"{name}.bias"] = (b, dtype)
+            plan.predecoded_biases += 1
     for pname, _ in dm.named_parameters():
         if pname in op_params:
             continue
@@ -324,6 +341,9 @@ def plan_model(model, mode: str = "auto") -> Plan:
                           "W8A16 linear where it is faster (auto: few tokens on wide layers), else the Triton decode + "
                           "torch's matmul" if mode != "cast-only" else
                           f"fp8_e4m3fn_fast: no native fp8 matmul on sm{arch}; cast-only decodes its weights")
+    if compile_native and plan.layers:
+        plan.notes.append(f"under TorchCompileModel, sm{arch} compiles ComfyUI's own fp8 cast natively, which "
+                          "measured faster there: compiled graphs keep it; eager calls use the Triton decode")
     if arch == 75:
         plan.notes.append("sm75 has no bf16 tensor cores: the fused linear runs for fp16 activations only, "
                           "bf16 layers decode then use torch's matmul")
@@ -395,7 +415,10 @@ def describe(plan: Plan) -> str:
         lines.append(f"{len(plan.layers)} fp8 layers patched: " + ", ".join(f"{n} -> {k}" for k, n in kinds.most_common()))
     if plan.predecode:
         dt = str(next(iter(plan.predecode.values()))[1]).replace("torch.", "")
-        lines.append(f"{len(plan.predecode)} small fp8 parameters outside ComfyUI ops decoded once to {dt}")
+        other = len(plan.predecode) - plan.predecoded_biases
+        what = ([f"{plan.predecoded_biases} fp8 biases of those layers"] if plan.predecoded_biases else []) + \
+               ([f"{other} small fp8 parameters outside ComfyUI ops"] if other else [])
+        lines.append(" and ".join(what) + f" decoded once to {dt}")
     for reason, names in plan.skipped.items():
         lines.append(f"left on torch: {len(names)} ({reason})")
     lines.extend(plan.notes)

@@ -96,28 +96,33 @@ def test_patch_is_exact_counted_and_reversible(comfy, node):
     ref = run(base, X)
     clone, text = node.patch_model(mp, "auto")
     assert clone is not mp and clone.model is mp.model
-    assert "4 fp8 layers patched: 2 -> fused W8A16 linear" in text and "1 small fp8 parameters" in text, text
+    assert "4 fp8 layers patched: 2 -> fused W8A16 linear" in text, text
+    assert "4 fp8 biases of those layers and 1 small fp8 parameters outside ComfyUI ops decoded once" in text, text
     assert not mp.object_patches  # the input MODEL is untouched
     clone.patch_model()
     try:
         dm = base.diffusion_model
         assert dm.qk.scale.dtype == torch.float32 and dm.img_in.weight.dtype == FP8
+        # fp8 biases are decoded once, at patch time, not on every call (the Flux bench found
+        # half of a step's kernel launches decoding 3072-element biases)
+        assert all(getattr(dm, n).bias.dtype == torch.float32 for n in ("img_in", "out", "norm", "conv"))
         before = dict(fp8.LAUNCHES)
         node.STATS.reset()
         out = run(base, X)
         launches = {k: v - before.get(k, 0) for k, v in fp8.LAUNCHES.items() if v - before.get(k, 0)}
-        assert launches == {"linear": 2, "decode": 4}
+        assert launches == {"linear": 2, "decode": 2}  # the two weights of norm and conv; no bias
         assert node.STATS.layers == {"img_in": "fused-linear", "out": "fused-linear", "norm": "decode", "conv": "decode"}
         assert not node.STATS.fallbacks
         # fp32 compute: our decode is exact, the fused linear sums in another order
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
         # the node run again while this clone is still applied (ComfyUI keeps loaded models patched)
         plan2 = node.plan_model(mp, "cast-only")
-        assert set(plan2.layers) == {"img_in", "out", "norm", "conv"} and set(plan2.predecode) == {"qk.scale"}
-        assert plan2.predecode["qk.scale"][0].dtype == FP8
+        assert set(plan2.layers) == {"img_in", "out", "norm", "conv"}
+        assert set(plan2.predecode) == {"qk.scale", "img_in.bias", "out.bias", "norm.bias", "conv.bias"}
+        assert all(p.dtype == FP8 for p, _ in plan2.predecode.values())  # the originals, not this clone's
     finally:
         clone.unpatch_model()
-    assert base.diffusion_model.qk.scale.dtype == FP8
+    assert base.diffusion_model.qk.scale.dtype == FP8 and base.diffusion_model.out.bias.dtype == FP8
     before = dict(fp8.LAUNCHES)
     assert torch.equal(run(base, X), ref) and dict(fp8.LAUNCHES) == before
 
@@ -224,6 +229,31 @@ def test_arch_override_and_fast_fp8(comfy, node, monkeypatch):
     x16 = X.to(torch.bfloat16)
     m = types.SimpleNamespace(weight_function=[], bias_function=[])
     assert not node._fused_ok(m, x16.to("meta"), plan.layers["img_in"])  # bf16 on sm75: no bf16 MMA
+
+
+def test_compiled_graphs_keep_comfyuis_cast_only_where_inductor_compiles_it_natively(comfy, node, monkeypatch):
+    """auto on a real sm89+ GPU: under torch.compile the patched forward gives the call back to
+    ComfyUI's forward (Inductor's native fp8 cast measured faster than our op in a compiled graph);
+    below sm89 (a real one or TRITONKIT_FORCE_ARCH) and in explicit modes the Triton path stays."""
+    calls = []
+    orig = lambda m, x, *a, **k: calls.append("comfy") or "comfy"  # noqa: E731
+    m = types.SimpleNamespace(weight=None, bias=None)  # the Triton path would reject it: "no longer fp8"
+    monkeypatch.setattr(node, "_fallback", lambda name, why: calls.append(why))
+    native = node.LayerConfig(name="l", kind="linear", fused=False, arch=90, compile_native=True)
+    below = node.LayerConfig(name="l", kind="linear", fused=False, arch=86, compile_native=False)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert node._forward(m, orig, native, None, X) == "comfy" and calls == ["comfy"]
+    calls.clear()
+    node._forward(m, orig, below, None, X)
+    assert calls == ["weight is no longer fp8", "comfy"]  # went through the Triton path's checks
+    calls.clear()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    node._forward(m, orig, native, None, X)
+    assert calls == ["weight is no longer fp8", "comfy"]  # eager: the Triton path
+    # the plan sets it for auto on a CUDA device of sm89+ only
+    monkeypatch.setenv("TRITONKIT_FORCE_TRITON_ON_CPU", "1")
+    base, mp = build(comfy)
+    assert not any(c.compile_native for c in node.plan_model(mp, "auto").layers.values())  # CPU
 
 
 def test_patched_model_compiles_without_graph_breaks(comfy, node):
@@ -391,6 +421,43 @@ def test_gpu_torch_compile_emits_no_fp8e4nv_and_compiles_for_sm80_sm86(comfy, no
     assert fp8_kernels
     with pytest.raises(Exception, match="fp8e4nv"):
         compile_for(*fp8_kernels[0], 86)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_on_native_fp8_leaves_compiled_casts_to_inductor(comfy, node, monkeypatch, tmp_path):
+    """auto on a real sm89+ GPU: eager calls decode through Triton, a compiled graph keeps
+    ComfyUI's cast (no call to our op in Inductor's code); forced below sm89 it calls our op."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs a GPU with native fp8 (sm89+)")
+    from tritonkit.kernels import fp8
+    monkeypatch.delenv("TRITONKIT_FORCE_TRITON_ON_CPU")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    import torch._inductor.config as icfg
+    monkeypatch.setattr(icfg, "fx_graph_cache", False)
+    from torch._inductor.utils import run_and_get_code
+    base, mp = build(comfy, device="cuda", compute_dtype=torch.bfloat16)
+    x = X.to("cuda", torch.bfloat16)
+    codes = {}
+    with torch.no_grad():
+        ref = run(base, x)
+        for arch in (None, "86"):
+            if arch:
+                monkeypatch.setenv("TRITONKIT_FORCE_ARCH", arch)
+            clone, text = node.patch_model(mp, "auto")
+            assert ("compiles ComfyUI's own fp8 cast natively" in text) == (arch is None), text
+            clone.patch_model(device_to=torch.device("cuda"))
+            try:
+                before = fp8.LAUNCHES["decode"]
+                torch.testing.assert_close(run(base, x).float(), ref.float(), rtol=2e-2, atol=2e-2)
+                assert fp8.LAUNCHES["decode"] > before  # eager: the Triton decode
+                torch._dynamo.reset()
+                out, code = run_and_get_code(torch.compile(base.diffusion_model), x)
+                codes[arch] = "\n".join(code)
+                torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+            finally:
+                clone.unpatch_model()
+    assert "tritonkit.fp8_decode" not in codes[None] and "fp8e4nv" in codes[None]
+    assert "tritonkit.fp8_decode" in codes["86"] and "fp8e4nv" not in codes["86"]
 
 
 def _inductor_kernels(code: str) -> dict:
