@@ -35,10 +35,13 @@ AUTO_INT8_MIN_KEYS = 8192
 AUTO_INT8_MIN_HEAD = 96
 
 # auto also leaves ComfyUI's PyTorch attention (SDPA) in place where SDPA measured faster than both
-# of our modes (BENCHMARKS.md, H200): on Hopper and newer datacenter parts, where SDPA picks cuDNN
-# (458-604 TFLOPS vs our 348-565), and for head sizes that are not a multiple of 32 (SD1.5's 40/80:
-# SDPA 152-263 vs our 100-153). Explicit exact / 8-bit always run our kernels.
-AUTO_SDPA_MIN_ARCH = 90
+# of our modes (BENCHMARKS.md, H200): on the GPUs where torch's SDPA prefers its cuDNN backend
+# (torch's sdp_utils check_prefer_cudnn_attention: sm90 and sm100/103, the datacenter parts; cuDNN
+# 458-604 TFLOPS vs our 348-565), and for head sizes that are not a multiple of 32 (SD1.5's 40/80:
+# SDPA 152-263 vs our 100-153). Everywhere else SDPA runs FlashAttention-2 (RTX 30xx/40xx/50xx:
+# flash comes first in torch's order), which our exact kernel beat 1.42-1.47x and our 8-bit one
+# 1.1-1.6x. Explicit exact / 8-bit always run our kernels.
+CUDNN_SDPA_ARCHS = (90, 100, 103)
 
 _lock = threading.Lock()
 _stats = Counter()
@@ -105,7 +108,7 @@ def sdpa_is_faster(func_name: str | None, cc: int | None, head_dim: int) -> bool
     measured faster than our kernels for this GPU class or head size."""
     if func_name != "attention_pytorch" or cc is None:
         return False
-    return cc >= AUTO_SDPA_MIN_ARCH or head_dim % 32 != 0
+    return cc in CUDNN_SDPA_ARCHS or head_dim % 32 != 0
 
 
 def plan(mode: str, b: dict, force_cpu: bool, func_name: str | None = None) -> tuple[str | None, str | None]:
@@ -205,7 +208,7 @@ def describe(mode: str, model) -> str:
     else:
         lines.append(f"kernel: 8-bit for head size >= {AUTO_INT8_MIN_HEAD} and >= {AUTO_INT8_MIN_KEYS} keys"
                      + ("" if A.int8_supported(cc) else " (not on this GPU)") + ", exact elsewhere")
-        if cc is not None and cc >= AUTO_SDPA_MIN_ARCH:
+        if cc in CUDNN_SDPA_ARCHS:
             lines.append(f"auto on sm{cc}: PyTorch SDPA (cuDNN) measured faster, so calls ComfyUI sends to SDPA "
                          "stay there; pick exact or 8-bit to force the Triton kernels")
         else:
