@@ -32,10 +32,16 @@ Configurations (``--plan``, comma-separated ``MODEL:CONFIG[:compiled][@ARCH]``):
 ``MODEL`` ∈ flux, flux-scaled, hunyuan, hunyuan-scaled; ``CONFIG`` ∈ default, fp8 (Fallback
 ``auto``), fp8-cast (``cast-only``), attn-exact, attn-8bit, attn-auto, both (fp8 ``auto`` +
 attention ``auto``, the nodes' defaults), both-exact, both-8bit, both-cast (fp8 ``cast-only``
-+ attention ``auto``); ``@86`` runs with
-``TRITONKIT_FORCE_ARCH=86`` (the pack behaves as on an RTX 3090; ComfyUI's own default path
-is the same there, so ``default`` is only run natively). Runs are made in the order given;
-with ``--budget-s`` a run that would not finish in the time left is skipped (and listed).
++ attention ``auto``); ``@86`` simulates an RTX 3090 on the GPU at hand: the pack runs with
+``TRITONKIT_FORCE_ARCH=86`` and, because torch's SDPA prefers its cuDNN backend only on
+sm90/sm100 (``check_prefer_cudnn_attention`` in torch's sdp_utils.cpp) and FlashAttention-2
+everywhere else, the cuDNN SDPA backend is switched off for the run, so ComfyUI's own
+attention is what it is on that card. ``default@86`` is therefore a run of its own, and the
+@86 rows are compared with it. ComfyUI's fp8 path is the same below and above sm89 in eager;
+compiled, Inductor's fp8e4nv kernels (counted per run) are what official Triton refuses on a
+real sm86, so ``default:compiled@86`` measures a run that card cannot make. Runs are made in
+the order given; with ``--budget-s`` a run that would not finish in the time left is skipped
+(and listed).
 
 Presets: ``tiny`` (CPU, CI: 1+1-block Flux at 64×64 and 1+1-block HunyuanVideo hidden 256),
 ``flux-1024`` (Flux-dev 12B at 1024×1024, 512 text tokens), ``hunyuan`` (HunyuanVideo 13B at
@@ -119,16 +125,24 @@ PRESETS = {
                     plan="hunyuan:default,hunyuan:both,hunyuan:both@86,hunyuan:default:compiled,"
                          "hunyuan:both:compiled"),
 }
-# One GPU call: every Flux run first (one model load), HunyuanVideo eager, then what time allows.
-# "@86" only changes the pack's fp8 choices (ComfyUI's own path is the same below and above
-# sm89 for fp8_e4m3fn weights), so it is run eager; the compiled default run's count of
-# fp8e4nv kernels shows what official Triton would refuse on a real sm86.
+# The GPU plans, in order of priority (a run that does not fit --budget-s is skipped and listed).
+# Each model: the five configurations the issue names (default, fp8, attention exact / 8-bit, both)
+# eager, natively and as on an RTX 3090 (@86), then compiled. The eager @86 pack runs are cheap; a
+# compiled run costs its first step (Inductor, ~75-90 s at this size).
+_FLUX_RUNS = ("flux:default,flux:fp8,flux:attn-exact,flux:attn-8bit,flux:both,"
+              "flux:default@86,flux:fp8@86,flux:attn-exact@86,flux:attn-8bit@86,flux:both@86,"
+              "flux:default:compiled,flux:both:compiled@86,flux:fp8:compiled,flux:both:compiled,"
+              "flux:attn-8bit:compiled,flux:attn-exact:compiled")
+_HUNYUAN_RUNS = ("hunyuan:default,hunyuan:fp8,hunyuan:attn-exact,hunyuan:attn-8bit,hunyuan:both,"
+                 "hunyuan:default@86,hunyuan:fp8@86,hunyuan:attn-exact@86,hunyuan:attn-8bit@86,hunyuan:both@86,"
+                 "hunyuan:default:compiled,hunyuan:both:compiled@86,hunyuan:both:compiled,hunyuan:fp8:compiled")
+_SCALED_RUNS = "flux-scaled:default,flux-scaled:both,flux-scaled:default@86,flux-scaled:both@86"
+PRESETS["gpu-flux"] = dict(PRESETS["flux-1024"], plan=_FLUX_RUNS)
+PRESETS["gpu-hunyuan"] = dict(PRESETS["hunyuan"], plan=_HUNYUAN_RUNS)
+PRESETS["gpu-scaled"] = dict(PRESETS["flux-1024"], plan=_SCALED_RUNS)
 PRESETS["gpu"] = dict(device="cuda", steps=6, flux=PRESETS["flux-1024"]["flux"],
                       hunyuan=dict(PRESETS["hunyuan"]["hunyuan"]),
-                      plan="flux:default,flux:both,flux:both@86,flux:default:compiled,flux:both:compiled,"
-                           "flux:fp8,flux:attn-exact,flux:attn-8bit,"
-                           "hunyuan:default,hunyuan:both,hunyuan:both@86,hunyuan:default:compiled,"
-                           "hunyuan:both:compiled,flux-scaled:default,flux-scaled:both")
+                      plan=",".join((_FLUX_RUNS, _HUNYUAN_RUNS, _SCALED_RUNS)))
 
 
 @dataclasses.dataclass
@@ -156,6 +170,48 @@ class Run:
         if parts[0] not in MODELS or parts[1] not in CONFIGS:
             raise ValueError(f"bad run spec {spec!r}: models {list(MODELS)}, configs {list(CONFIGS)}")
         return cls(parts[0], parts[1], len(parts) == 3, arch)
+
+
+# torch's SDPA prefers cuDNN on these (sdp_utils.cpp check_prefer_cudnn_attention), FA2 elsewhere
+CUDNN_SDPA_ARCHS = ("90", "100", "103")
+
+
+def sdpa_backend(arch: str, device: str) -> str | None:
+    """What ComfyUI's PyTorch attention runs on for a run at ``arch`` ("native" or "86"...)."""
+    if device != "cuda":
+        return None
+    if arch == "native":
+        p = torch.cuda.get_device_properties(0)
+        arch = f"{p.major}{p.minor}"
+    return "cuDNN" if arch in CUDNN_SDPA_ARCHS else "flash"
+
+
+@contextlib.contextmanager
+def _cold_compile(compiled: bool):
+    """No FX-graph / AOTAutograd cache hits for a compiled run: every run pays (and reports) the
+    compile a user's first run pays, and a run with another SDPA backend setting (the @86
+    simulation) cannot reuse a graph traced with cuDNN attention (a cache hit did, before)."""
+    if not compiled:
+        yield
+        return
+    import torch._functorch.config as fcfg
+    import torch._inductor.config as icfg
+    with icfg.patch(fx_graph_cache=False), fcfg.patch(enable_autograd_cache=False):
+        yield
+
+
+@contextlib.contextmanager
+def _sdpa_as_on(arch: str, device: str):
+    """SDPA's backend choice as torch makes it on a GPU of ``arch``: cuDNN off below sm90."""
+    if device != "cuda" or arch == "native" or arch in CUDNN_SDPA_ARCHS:
+        yield
+        return
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -412,13 +468,13 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     import comfy.patcher_extension as pe
     fp8_mode, attn_mode = CONFIGS[run.config]
     rec = {"run": run.label, "model": run.model, "config": run.config, "fp8": fp8_mode, "attention": attn_mode,
-           "compiled": run.compiled, "arch": run.arch, "steps": steps}
+           "compiled": run.compiled, "arch": run.arch, "steps": steps, "sdpa": sdpa_backend(run.arch, device)}
     torch._dynamo.reset()
     from torch._dynamo.utils import counters
     counters.clear()
     arch_env = None if run.arch == "native" else run.arch
     fp8_mod, attn_mod = inproc.node_module(FP8_NODE), inproc.node_module(ATTN_NODE)
-    with _env(**{ARCH_ENV: arch_env}):
+    with _env(**{ARCH_ENV: arch_env}), _sdpa_as_on(run.arch, device), _cold_compile(run.compiled):
         m = base
         if fp8_mode:
             m = inproc.call_node(FP8_NODE, model=m, mode=fp8_mode)[0]
@@ -487,23 +543,30 @@ def _fmt(x, nd=3):
 
 
 def annotate(results: list[dict]) -> None:
-    """Accuracy and speed-up against the same model's default runs (eager; and default in the
-    same compile mode for the second speed-up)."""
+    """Accuracy against the same model's native default eager run; speed-up against the default
+    run of the same simulated arch (``default@86`` for @86 rows, else the native one), eager and
+    in the same compile mode."""
     base = {}
     for r in results:
         if r.get("error") or r.get("skipped"):
             continue
-        if r["config"] == "default" and r["arch"] == "native":
-            base.setdefault((r["model"], r["compiled"]), r)
+        if r["config"] == "default":
+            base.setdefault((r["model"], r["compiled"], r["arch"]), r)
+
+    def default(r, compiled):
+        return base.get((r["model"], compiled, r["arch"])) or base.get((r["model"], compiled, "native"))
+
     for r in results:
         if r.get("error") or r.get("skipped"):
             continue
-        ref = base.get((r["model"], False))
+        ref = base.get((r["model"], False, "native"))
         if ref is not None and "latent" in r and "latent" in ref:
             r.update(compare(r["latent"], ref["latent"]))
-        if ref is not None and r.get("s_per_step") and ref.get("s_per_step"):
-            r["speedup_vs_default_eager"] = ref["s_per_step"] / r["s_per_step"]
-        same = base.get((r["model"], r["compiled"]))
+        eager = default(r, False)
+        if eager is not None and r.get("s_per_step") and eager.get("s_per_step"):
+            r["speedup_vs_default_eager"] = eager["s_per_step"] / r["s_per_step"]
+            r["default_eager_ref"] = eager["run"]
+        same = default(r, r["compiled"])
         if same is not None and r.get("s_per_step") and same.get("s_per_step"):
             r["speedup_vs_default_same_mode"] = same["s_per_step"] / r["s_per_step"]
         if r["compiled"] and same is not None and same is not r and "latent" in r and "latent" in same:
@@ -530,6 +593,8 @@ def markdown(meta: dict, results: list[dict]) -> str:
             lines.append(f"| {r['run']} | | | | | | | | | | | | | {'skipped: ' + r['skipped'] if r.get('skipped') else 'FAILED: ' + r['error'][:200].replace('|', '/')} |")
             continue
         notes = []
+        if r.get("arch") != "native" and r.get("sdpa"):
+            notes.append(f"ComfyUI's SDPA on {r['sdpa']}; × against {r.get('default_eager_ref', '?')}")
         if r.get("dynamo"):
             d = r["dynamo"]
             notes.append(f"{d['frames']} frame(s) compiled, {d['graph_breaks']} graph break(s), "
