@@ -235,7 +235,7 @@ class TritonAttention:
     DESCRIPTION = ("Runs the model's attention through TritonKit's Triton FlashAttention kernel. exact: fp32 "
                    "softmax/accumulation, same accuracy as PyTorch SDPA. 8-bit: int8 Q·K (SageAttention style), "
                    "faster, cosine >= 0.999. auto: 8-bit on long self-attention with head size >= 96, exact "
-                   "elsewhere, and PyTorch SDPA kept where it measured faster (sm90+, head sizes like 40/80). "
+                   "elsewhere, and PyTorch SDPA kept where it measured faster (cuDNN attention on H100/H200/B200, head sizes like 40/80). "
                    "Calls it can't serve use ComfyUI's attention (logged once). Put TorchCompileModel "
                    "after it if you compile.")
 
