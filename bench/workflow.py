@@ -522,6 +522,12 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     # node must have none (object patches of an earlier clone must not leak into it)
     rec["fp8_counters"].update({f"launches_{k}": v for k, v in _delta(l_fp8, _fp8_launches(fp8_mod)).items()})
     rec["attention_counters"] = _delta(c_attn, _counter_snapshot(attn_mod))
+    # the attention configs picked by timing so far in this process (one pick per shape class; a
+    # slower pick is the first suspect when the same run differs between processes)
+    try:
+        rec["attention_tuned"] = {str(k): list(v) for k, v in attn_mod.A.tune_cache().items()}
+    except Exception:  # noqa: BLE001 - no node module / no Triton: nothing tuned
+        rec["attention_tuned"] = {}
     rec["latent"] = out["samples"].detach().float().cpu()
     del m, out, timer
     torch._dynamo.reset()

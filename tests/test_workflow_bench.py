@@ -101,6 +101,7 @@ def test_every_attention_call_served(bench, label):
     assert c.get("fallback", 0) == 0, c
     if label == "hunyuan:attn-8bit":
         assert c.get("served_int8", 0) == 8, c
+    assert isinstance(_ok(bench, label)["attention_tuned"], dict)  # recorded (empty on CPU: nothing timed)
 
 
 @pytest.mark.parametrize("label", ["hunyuan:both-cast", "hunyuan:both-cast:compiled", "hunyuan-scaled:fp8-cast"])
