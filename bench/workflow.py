@@ -172,8 +172,16 @@ class Run:
         return cls(parts[0], parts[1], len(parts) == 3, arch)
 
 
-# torch's SDPA prefers cuDNN on these (sdp_utils.cpp check_prefer_cudnn_attention), FA2 elsewhere
-CUDNN_SDPA_ARCHS = ("90", "100", "103")
+def _pack_arch_module():
+    """The pack's nodes/arch.py (no relative imports, no ComfyUI), for its CUDNN_SDPA_ARCHS."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_tritonkit_arch", REPO / "nodes" / "arch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+CUDNN_SDPA_ARCHS = tuple(str(a) for a in _pack_arch_module().CUDNN_SDPA_ARCHS)
 
 
 def sdpa_backend(arch: str, device: str) -> str | None:

@@ -11,6 +11,11 @@ import torch
 
 ARCH_ENV = "TRITONKIT_FORCE_ARCH"
 
+# Where torch's SDPA prefers its cuDNN backend (check_prefer_cudnn_attention in torch's
+# sdp_utils.cpp: the datacenter parts sm90 and sm100/103); everywhere else, GeForce cards
+# included, it runs FlashAttention-2 first (memory-efficient attention on sm75).
+CUDNN_SDPA_ARCHS = (90, 100, 103)
+
 
 def parse_arch(value: str) -> Optional[int]:
     """'86', 'sm86', 'sm_86', '8.6' -> 86; '' -> None."""

@@ -13,7 +13,7 @@ from collections import Counter
 
 import torch
 
-from .arch import ARCH_ENV, arch_forced, effective_arch
+from .arch import ARCH_ENV, CUDNN_SDPA_ARCHS, arch_forced, effective_arch
 
 log = logging.getLogger("TritonKit")
 
@@ -36,12 +36,10 @@ AUTO_INT8_MIN_HEAD = 96
 
 # auto also leaves ComfyUI's PyTorch attention (SDPA) in place where SDPA measured faster than both
 # of our modes (BENCHMARKS.md, H200): on the GPUs where torch's SDPA prefers its cuDNN backend
-# (torch's sdp_utils check_prefer_cudnn_attention: sm90 and sm100/103, the datacenter parts; cuDNN
-# 458-604 TFLOPS vs our 348-565), and for head sizes that are not a multiple of 32 (SD1.5's 40/80:
-# SDPA 152-263 vs our 100-153). Everywhere else SDPA runs FlashAttention-2 (RTX 30xx/40xx/50xx:
-# flash comes first in torch's order), which our exact kernel beat 1.42-1.47x and our 8-bit one
+# (arch.CUDNN_SDPA_ARCHS; cuDNN 458-604 TFLOPS vs our 348-565), and for head sizes that are not a
+# multiple of 32 (SD1.5's 40/80: SDPA 152-263 vs our 100-153). Everywhere else SDPA runs
+# FlashAttention-2 (RTX 30xx/40xx/50xx), which our exact kernel beat 1.42-1.47x and our 8-bit one
 # 1.1-1.6x. Explicit exact / 8-bit always run our kernels.
-CUDNN_SDPA_ARCHS = (90, 100, 103)
 
 _lock = threading.Lock()
 _stats = Counter()
