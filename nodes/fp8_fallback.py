@@ -466,7 +466,8 @@ class TritonFp8Fallback:
             "mode": (list(MODES), {"default": "auto", "tooltip":
                      "auto: every fp8 layer through Triton: the decode then torch's op, and for Linear layers the "
                      "fused fp8-weight linear where it measured faster (<= 16 tokens on wide layers); on sm89+ a checkpoint loaded as fp8_e4m3fn_fast keeps torch's native fp8 "
-                     "matmul. fused-linear: the fused linear for every Linear, native fp8 ones included. "
+                     "matmul; under TorchCompileModel on sm89+ the compiled graph keeps Inductor's native fp8 cast, which measured "
+                     "as fast or faster. fused-linear: the fused linear for every Linear, native fp8 ones included. "
                      "cast-only: only replace the cast (decode, then torch's matmul). off: unchanged."}),
         }}
 
