@@ -11,6 +11,7 @@ import sysconfig
 import time
 
 from . import environment as envmod
+from .capture import Captured, native_output
 from .triage import classify
 
 DEFAULT_N = 98_432  # the triton tutorial's size: not a multiple of the block, so the mask is exercised
@@ -38,6 +39,7 @@ def run_vector_add(device: str = "auto", n: int = DEFAULT_N, warm_runs: int = 10
     """Runs the vector add once cold and ``warm_runs`` times warm; compares with torch."""
     res = {"ok": False, "device": device, "backend": None, "n": n, "max_abs_diff": None,
            "first_call_s": None, "warm_ms": None, "triage": None}
+    native = Captured()  # what the C compiler / ptxas print while the first call compiles
     try:
         if n <= 0:
             raise ValueError(f"n must be positive, got {n}")
@@ -53,8 +55,9 @@ def run_vector_add(device: str = "auto", n: int = DEFAULT_N, warm_runs: int = 10
         out = torch.full_like(x, float("nan"))  # poisoned: an unwritten element shows up as NaN
         _sync(dev)
         t0 = time.perf_counter()
-        vector_add.add(x, y, out=out)
-        _sync(dev)
+        with native_output(native):
+            vector_add.add(x, y, out=out)
+            _sync(dev)
         res["first_call_s"] = time.perf_counter() - t0
         times = []
         for _ in range(max(1, warm_runs)):
@@ -72,7 +75,7 @@ def run_vector_add(device: str = "auto", n: int = DEFAULT_N, warm_runs: int = 10
                                  f"(NaN means elements were not written)")
     except Exception as exc:  # every failure is a finding of the report
         res["ok"] = False
-        res["triage"] = classify(exc)
+        res["triage"] = classify(exc, native_output=native.text)
     return res
 
 
@@ -173,6 +176,13 @@ def format_report(rep: dict) -> str:
         lines.append(f"Problem: {tri['title']} [{tri['key']}]")
         lines.append(f"  error: {tri['error']}")
         lines.append(f"  fix: {tri['fix']}")
+        decisive = tri.get("decisive") or []
+        if tri["key"] == "unknown" and decisive:
+            lines.append("  decisive lines:")
+            lines.extend("    " + ln for ln in decisive)
+        elif tri.get("compiler_output") and decisive:
+            lines.append("  the compiler said:")
+            lines.extend("    " + ln for ln in decisive[:3])
         if tri["key"] == "unknown":
             lines.append("  traceback:")
             lines.extend("    " + ln for ln in tri["traceback"].rstrip().splitlines())

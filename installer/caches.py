@@ -1,15 +1,35 @@
 """Step 5: stale Triton / TorchInductor caches.
 
 A kernel cached by another Python, torch, Triton, CUDA toolchain or C compiler fails in odd ways
-("DLL load failed while importing cuda_utils", "PY_SSIZE_T_CLEAN macro must be defined"). A
-fingerprint of those is kept beside each cache folder (``<cache>.tritonkit-fingerprint.json``);
-when it changed since the last run, or with ``--clear-caches``, the caches are emptied.
+("DLL load failed while importing cuda_utils", "PY_SSIZE_T_CLEAN macro must be defined").
+Several ComfyUI installs on one machine (portable + desktop, say) share ``~/.triton/cache`` and the
+Inductor cache, so the record beside each cache folder (``<cache>.tritonkit-fingerprint.json``)
+keeps one fingerprint per install, keyed by its Python (path normalised: case on Windows, links).
+
+The rule, per cache folder, when install.py runs for install X:
+
+- X's first run only records X's fingerprint: nothing it built can be stale yet.
+- The folder is emptied when, compared with X's *own* last fingerprint, something the cached
+  kernels depend on changed: the Python minor version (a patch release keeps the ABI), torch,
+  torch's CUDA, Triton, the ptxas Triton uses, CUDA_PATH or the C compiler. The message names X
+  and the changes.
+- ... unless the folder was already emptied for that same change after X last recorded (another
+  install sharing the folder saw the same machine-wide change first, e.g. a new CUDA_PATH or CC):
+  X's old entries went with that clearing, so a second one would only cost rebuilds.
+- Installs that differ from each other are never a reason to clear. Triton keys its kernels by
+  its own build and the source, its launchers by the source and the install's own include/lib
+  folders and names them with the Python ABI suffix; Inductor keys by torch, Triton, CUDA and the
+  GPU. Entries of different installs don't collide, and clearing on a difference between installs
+  made each install rebuild after every run of the other (what this replaces).
+- ``--clear-caches``, or a changed Triton package, clears regardless.
+
 Deletion stays inside the two cache folders: links inside them are removed as links, never
 followed, and a folder that looks like anything but a cache (a drive root, the home folder, the
 temp folder itself) is refused."""
 from __future__ import annotations
 
 import json
+import ntpath
 import os
 import re
 import stat
@@ -64,6 +84,15 @@ def ptxas_identity(triton_dir: str | None, env: dict, platform: str) -> str | No
     return None
 
 
+def install_id(target) -> str:
+    """The key of an install in the shared record: its Python, normalised so that one install
+    reached by two spellings (case on Windows, a link) is one key."""
+    path = target.exe or target.folder
+    if os.path.exists(path):
+        path = os.path.realpath(path)
+    return ntpath.normcase(ntpath.normpath(path)) if target.platform == "win32" else os.path.normpath(path)
+
+
 def fingerprint(target, env: dict, dists: dict[str, str], torch_version: str | None,
                 triton_dir: str | None = None, which=None) -> dict:
     """What the cached kernels depend on. ``target`` is a pyfolder.PythonTarget."""
@@ -71,7 +100,8 @@ def fingerprint(target, env: dict, dists: dict[str, str], torch_version: str | N
 
     cc = envmod.c_compiler(env=env, platform=target.platform, triton_dir=triton_dir, which=which or _sh.which)
     return {
-        "python": f"{target.version_str} {target.exe or target.folder}",
+        "install": install_id(target),
+        "python": target.version_str,
         "torch": torch_version,
         "torch_cuda": torch_cuda_version(target.site_packages),
         "triton": ", ".join(f"{k} {v}" for k, v in sorted(dists.items())) or None,
@@ -81,31 +111,107 @@ def fingerprint(target, env: dict, dists: dict[str, str], torch_version: str | N
     }
 
 
-def read_fingerprint(cache_dir: str) -> dict | None:
+# what makes an install's cached kernels stale when it changes ("install" is the key, not compared)
+RELEVANT = ("python", "torch", "torch_cuda", "triton", "ptxas", "cuda_path", "c_compiler")
+FORMAT = 2
+
+
+def _minor(version) -> str | None:
+    return ".".join(str(version).split(".")[:2]) if version else None
+
+
+def changes(old: dict | None, new: dict) -> list[str]:
+    """What changed between two fingerprints of one install, as 'field: old -> new' (the Python
+    by its minor version)."""
+    if old is None:
+        return []
+    out = []
+    for k in RELEVANT:
+        a, b = old.get(k), new.get(k)
+        if k == "python" and _minor(a) == _minor(b):
+            continue
+        if a != b:
+            out.append(f"{k}: {a} -> {b}")
+    return out
+
+
+def _empty_state() -> dict:
+    return {"format": FORMAT, "generation": 0, "cleared": None, "installs": {}}
+
+
+def _migrate(data: dict) -> dict:
+    """A record of the first format (one fingerprint, 'python': '<version> <path>') as the first
+    install of a shared one."""
+    state = _empty_state()
+    version, _, path = str(data.get("python") or "").partition(" ")
+    fp = {k: data.get(k) for k in RELEVANT}
+    fp["python"] = version or None
+    fp["install"] = path or "(unknown install)"
+    state["generation"] = 1
+    state["installs"][fp["install"]] = {"fingerprint": fp, "generation": 1}
+    return state
+
+
+def read_state(cache_dir: str) -> dict:
+    """The shared record beside ``cache_dir``: {"format", "generation", "cleared": {"generation",
+    "changes"} or None, "installs": {id: {"fingerprint", "generation"}}}. A missing, unreadable or
+    linked file reads as empty."""
     path = fingerprint_path(cache_dir)
     if os.path.islink(path):
-        return None
+        return _empty_state()
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        return data if isinstance(data, dict) else None
     except (OSError, ValueError):
-        return None
+        return _empty_state()
+    if not isinstance(data, dict):
+        return _empty_state()
+    if data.get("format") != FORMAT:
+        return _migrate(data) if "python" in data else _empty_state()
+    if not isinstance(data.get("installs"), dict):
+        return _empty_state()
+    return data
 
 
-def write_fingerprint(cache_dir: str, fp: dict) -> None:
+def read_fingerprint(cache_dir: str, install: str) -> dict | None:
+    rec = read_state(cache_dir)["installs"].get(install)
+    return rec["fingerprint"] if rec else None
+
+
+def write_state(cache_dir: str, state: dict) -> None:
     path = fingerprint_path(cache_dir)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(fp, f, indent=1, sort_keys=True)
+        json.dump(state, f, indent=1, sort_keys=True)
     os.replace(tmp, path)
 
 
-def changes(old: dict | None, new: dict) -> list[str]:
-    if old is None:
-        return []
-    return [f"{k}: {old.get(k)} -> {new.get(k)}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+def assess(state: dict, fp: dict) -> dict:
+    """Whether the folder of ``state`` must be emptied for the install of ``fp``: {"install",
+    "known" (it has a record), "changed" (vs its own last fingerprint), "already_cleared" (those
+    changes were cleared for after its last record), "stale" (clear), "others" (other installs)}."""
+    me = fp["install"]
+    rec = state["installs"].get(me)
+    changed = changes(rec["fingerprint"], fp) if rec else []
+    cleared = state.get("cleared") or {}
+    already = bool(changed) and rec is not None and cleared.get("generation", -1) > rec.get("generation", 0) \
+        and set(changed) <= set(cleared.get("changes") or [])
+    return {"install": me, "known": rec is not None, "changed": changed, "already_cleared": already,
+            "stale": bool(changed) and not already, "others": sorted(k for k in state["installs"] if k != me)}
+
+
+def record(state: dict, fp: dict, cleared_for: list[str] | None) -> dict:
+    """``state`` with the folder's clearing (when ``cleared_for`` is not None) and then ``fp``
+    recorded: a clearing comes before the install's new record, so its entries count as newer."""
+    new = json.loads(json.dumps(state))
+    if cleared_for is not None:
+        new["generation"] += 1
+        new["cleared"] = {"generation": new["generation"], "changes": sorted(cleared_for),
+                          "by": fp["install"]}
+    new["generation"] += 1
+    new["installs"][fp["install"]] = {"fingerprint": fp, "generation": new["generation"]}
+    return new
 
 
 def refuse_reason(cache_dir: str, home: str, env: dict) -> str | None:
@@ -171,29 +277,45 @@ def empty_folder(folder: str) -> tuple[int, list[str]]:
     return freed, errors
 
 
+def _describe(name: str, a: dict) -> str:
+    why = f"{name}: {a['install']} changed since its last run ({'; '.join(a['changed'])})"
+    if a["others"]:
+        why += f"; shared with {len(a['others'])} other install(s): {', '.join(a['others'])}"
+    return why
+
+
 def step(target, cache_dirs: dict[str, str], fp: dict, ctx: Context, force: bool = False,
          reason: str | None = None) -> StepResult:
-    """Compares ``fp`` with the fingerprint beside each cache folder; clears those that changed (all
-    with ``force``); records ``fp``. ``reason`` says why ``force`` is set."""
-    to_clear, why, sizes, details = [], [], {}, {"caches": {}}
+    """Compares ``fp`` with this install's last fingerprint in the shared record beside each cache
+    folder; clears those the rule above makes stale (all with ``force``); records ``fp``. ``reason``
+    says why ``force`` is set."""
+    fp = dict(fp)
+    fp.setdefault("install", install_id(target))
+    to_clear, why, notes, sizes, details, states = [], [], [], {}, {"caches": {}}, {}
     for name, d in cache_dirs.items():
         exists = os.path.isdir(d)
         sizes[name] = envmod.folder_size(d) if exists else 0
-        old = read_fingerprint(d)
-        ch = changes(old, fp)
-        details["caches"][name] = {"path": d, "exists": exists, "bytes": sizes[name], "changed": ch,
-                                   "had_fingerprint": old is not None}
-        if exists and (force or ch):
+        states[name] = read_state(d)
+        a = assess(states[name], fp)
+        details["caches"][name] = {"path": d, "exists": exists, "bytes": sizes[name], "changed": a["changed"],
+                                   "had_fingerprint": a["known"], "install": a["install"], "others": a["others"],
+                                   "already_cleared": a["already_cleared"]}
+        if a["already_cleared"]:
+            notes.append(f"{name}: {a['install']} changed ({'; '.join(a['changed'])}), but another install "
+                         "sharing the folder already had it cleared for that since")
+        if exists and (force or a["stale"]):
             to_clear.append(name)
-            if ch:
-                why.append(f"{name}: " + "; ".join(ch))
+            if a["stale"]:
+                why.append(_describe(name, a))
     if force and reason:
         why.insert(0, reason)
+    note = (" (" + "; ".join(notes) + ")") if notes else ""
     sized = ", ".join(f"{n} cache {cache_dirs[n]} ({envmod.human_bytes(sizes[n])})" for n in to_clear)
     if ctx.check:
         if to_clear:
             return StepResult("caches", "todo", f"would clear {sized} ({'; '.join(why)})", None, details)
-        return StepResult("caches", "ok", "caches match the current set-up" + _first_note(details, True), None, details)
+        return StepResult("caches", "ok", "caches match the current set-up" + _first_note(details, True) + note,
+                          None, details)
     refused, freed, errors, cleared = [], 0, [], []
     for name in to_clear:
         d = cache_dirs[name]
@@ -207,13 +329,12 @@ def step(target, cache_dirs: dict[str, str], fp: dict, ctx: Context, force: bool
         freed += f
         errors += errs
         cleared.append(name)
-    written = []
     for name, d in cache_dirs.items():
         if any(x.startswith(name + ":") for x in refused):
             continue
+        cleared_for = details["caches"][name]["changed"] if name in cleared else None
         try:
-            write_fingerprint(d, fp)
-            written.append(name)
+            write_state(d, record(states[name], fp, cleared_for))
         except OSError as exc:
             errors.append(f"fingerprint beside {d}: {exc.strerror or exc}")
     details.update(cleared=cleared, freed_bytes=freed, refused=refused, errors=errors)
@@ -225,13 +346,23 @@ def step(target, cache_dirs: dict[str, str], fp: dict, ctx: Context, force: bool
     if cleared:
         return StepResult("caches", "done", f"cleared {', '.join(f'{n} cache {cache_dirs[n]}' for n in cleared)}, "
                           f"freed {envmod.human_bytes(freed)} ({'; '.join(why) or 'asked for'})", None, details)
-    return StepResult("caches", "ok", "caches match the current set-up" + _first_note(details), None, details)
+    return StepResult("caches", "ok", "caches match the current set-up" + _first_note(details) + _shared_note(details)
+                      + note, None, details)
+
+
+def _shared_note(details: dict) -> str:
+    others = sorted({o for c in details["caches"].values() for o in c["others"]})
+    if not others:
+        return ""
+    return (f" (shared with {len(others)} other install(s), whose kernels are kept: {', '.join(others)})")
 
 
 def _first_note(details: dict, check: bool = False) -> str:
     first = [n for n, c in details["caches"].items() if not c["had_fingerprint"] and c["exists"]]
-    if first and check:
-        return f" (no fingerprint yet beside the {', '.join(first)} cache: install.py records one)"
-    if first:
-        return f" (first run: fingerprint recorded; existing {', '.join(first)} cache kept, --clear-caches clears it)"
-    return ""
+    if not first:
+        return ""
+    install = details["caches"][first[0]]["install"]
+    if check:
+        return f" (no fingerprint yet for {install} beside the {', '.join(first)} cache: install.py records one)"
+    return (f" (first run for {install}: fingerprint recorded; existing {', '.join(first)} cache kept, "
+            "--clear-caches clears it)")

@@ -37,6 +37,23 @@ def _gpu_cc_of_running() -> tuple[int, int] | None:
     return None
 
 
+def report_from_output(out: str) -> dict | None:
+    """The JSON report of ``<python> install.py --check --json`` in its combined output: stderr comes
+    first and may hold braces of its own (the compiler's lines the self-test echoes), so the report is
+    the last top-level object that starts a line and parses."""
+    dec = json.JSONDecoder()
+    starts = [0] if out.startswith("{") else []
+    starts += [i + 1 for i in range(len(out)) if out[i] == "\n" and out.startswith("{", i + 1)]
+    for i in reversed(starts):
+        try:
+            obj, _ = dec.raw_decode(out, i)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "selftest" in obj:
+            return obj
+    return None
+
+
 def selftest_step(target: pyfolder.PythonTarget, opts: Options, ctx: Context) -> tuple[StepResult, dict | None]:
     """Runs the Triton self-test in the target Python: in-process for the running one, as
     ``<python> install.py --check --json`` for another one that can run here."""
@@ -53,9 +70,8 @@ def selftest_step(target: pyfolder.PythonTarget, opts: Options, ctx: Context) ->
         cmd = [target.exe] + (["-s"] if target.embedded else []) + [opts.install_py, "--check", "--json",
                                                                      "--device", opts.device]
         rc, out = ctx.run(cmd, timeout=900)
-        try:
-            rep = json.loads(out[out.index("{"):])
-        except ValueError:
+        rep = report_from_output(out)
+        if rep is None:
             tail = "\n".join(out.strip().splitlines()[-5:])
             return StepResult("self-test", "failed", f"the self-test in {target.exe} did not report (exit {rc}): "
                               f"{tail}", f"run it there to see why: {' '.join(cmd)}"), None

@@ -1,6 +1,7 @@
 """install.py step 5: fingerprinted Triton/Inductor caches; deletes only inside them, never through links."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -51,9 +52,10 @@ def test_first_run_records_and_keeps(machine):
     ctx, dirs, target, root = machine
     before = snapshot(root)
     r = caches.step(target, dirs, fp(), ctx)
-    assert r.status == "ok" and "first run" in r.message
+    assert r.status == "ok" and "first run for " + caches.install_id(target) in r.message
     for d in dirs.values():
-        assert json.loads(Path(caches.fingerprint_path(d)).read_text()) == fp()
+        assert caches.read_fingerprint(d, caches.install_id(target)) == {**fp(), "install": caches.install_id(target)}
+        assert json.loads(Path(caches.fingerprint_path(d)).read_text())["format"] == caches.FORMAT
         assert Path(d, "ab", "k0.so").exists()
     assert _outside(snapshot(root), dirs, root) == _outside(before, dirs, root)
     assert caches.step(target, dirs, fp(), ctx).status == "ok"
@@ -130,3 +132,109 @@ def test_fingerprint_of_a_target(tmp_path):
     assert "ptxas.exe (5 bytes" in f["ptxas"] and f["c_compiler"].startswith("TinyCC")
     f2 = caches.fingerprint(target, {"CC": "cl"}, {"triton-windows": "3.5.1"}, "2.9.0+cu128", str(tdir))
     assert caches.changes(f, f2) and caches.changes(f, f2)[0].startswith("c_compiler")
+
+
+# ------------------------------------------------------------------ two installs sharing the caches
+@pytest.fixture
+def two(machine):
+    ctx, dirs, a, root = machine
+    b = pyfolder.from_folder(str(portable_tree(root / "desktop")), ctx)
+    assert caches.install_id(a) != caches.install_id(b)
+    fa = fp(python="3.12.7", torch="2.9.0", triton="triton-windows 3.5.1")
+    fb = fp(python="3.13.2", torch="2.10.0", triton="triton-windows 3.6.0", c_compiler="MSVC cl.exe")
+    return ctx, dirs, (a, fa), (b, fb), root
+
+
+def _kernels(dirs) -> dict:
+    return {n: sorted(os.listdir(d)) for n, d in dirs.items()}
+
+
+def test_two_installs_alternating_never_clear(two):
+    """The seen bug: install.py for one install cleared the caches the other had filled, and back."""
+    ctx, dirs, (a, fa), (b, fb), root = two
+    for target, f in [(a, fa), (b, fb)] * 3:
+        _fill(Path(dirs["triton"]), n=2)
+        before = _kernels(dirs)
+        r = caches.step(target, dirs, f, ctx)
+        assert r.status == "ok", r.line()
+        assert _kernels(dirs) == before
+    assert "shared with 1 other install(s), whose kernels are kept: " + caches.install_id(a) in r.message
+    state = caches.read_state(dirs["triton"])
+    assert set(state["installs"]) == {caches.install_id(a), caches.install_id(b)}
+    assert state["cleared"] is None
+
+
+def test_a_real_change_of_one_install_clears_and_names_it(two):
+    ctx, dirs, (a, fa), (b, fb), root = two
+    caches.step(a, dirs, fa, ctx)
+    caches.step(b, dirs, fb, ctx)
+    r = caches.step(b, dirs, {**fb, "triton": "triton-windows 3.6.1"}, ctx)
+    assert r.status == "done", r.line()
+    assert caches.install_id(b) + " changed since its last run" in r.message
+    assert "triton: triton-windows 3.6.0 -> triton-windows 3.6.1" in r.message
+    assert "shared with 1 other install(s): " + caches.install_id(a) in r.message
+    assert all(os.listdir(d) == [] for d in dirs.values())
+    # a's record is kept, and a running again with its unchanged set-up clears nothing
+    _fill(Path(dirs["triton"]))
+    assert caches.step(a, dirs, fa, ctx).status == "ok" and os.listdir(dirs["triton"])
+
+
+def test_python_patch_release_keeps_minor_release_clears(two):
+    ctx, dirs, (a, fa), _, root = two
+    caches.step(a, dirs, fa, ctx)
+    assert caches.step(a, dirs, {**fa, "python": "3.12.10"}, ctx).status == "ok"
+    r = caches.step(a, dirs, {**fa, "python": "3.13.1"}, ctx)
+    assert r.status == "done" and "python: 3.12.10 -> 3.13.1" in r.message
+
+
+def test_a_machine_wide_change_clears_once_for_both_installs(two):
+    """A new CUDA_PATH is seen by both installs; the second finds the folder already cleared for it."""
+    ctx, dirs, (a, fa), (b, fb), root = two
+    caches.step(a, dirs, fa, ctx)
+    caches.step(b, dirs, fb, ctx)
+    cuda = "C:\\Program Files\\NVIDIA GPU Computing Toolkit\\CUDA\\v12.8"
+    r = caches.step(a, dirs, {**fa, "cuda_path": cuda}, ctx)
+    assert r.status == "done" and "cuda_path: None -> " + cuda in r.message
+    _fill(Path(dirs["triton"]))  # a compiles again
+    before = _kernels(dirs)
+    r = caches.step(b, dirs, {**fb, "cuda_path": cuda}, ctx)
+    assert r.status == "ok" and "already had it cleared" in r.message, r.line()
+    assert _kernels(dirs) == before
+    # but b changing more than that (its torch too) still clears
+    r = caches.step(b, dirs, {**fb, "cuda_path": "D:\\cuda", "torch": "2.10.1"}, ctx)
+    assert r.status == "done"
+
+
+def test_check_mode_names_the_install_and_writes_nothing(two):
+    ctx, dirs, (a, fa), (b, fb), root = two
+    caches.step(a, dirs, fa, ctx)
+    caches.step(b, dirs, fb, ctx)
+    before = snapshot(root)
+    chk = make_ctx(root, platform="linux", check=True)
+    assert caches.step(a, dirs, fa, chk).status == "ok"
+    r = caches.step(a, dirs, {**fa, "torch": "2.9.1"}, chk)
+    assert r.status == "todo" and caches.install_id(a) in r.message and "torch: 2.9.0 -> 2.9.1" in r.message
+    assert snapshot(root) == before
+
+
+def test_a_first_format_record_becomes_one_install(machine):
+    ctx, dirs, target, root = machine
+    me = caches.install_id(target)
+    old = {**fp(), "python": f"3.12.7 {me}"}  # what the first format wrote: one fingerprint, version + path
+    for d in dirs.values():
+        Path(caches.fingerprint_path(d)).write_text(json.dumps(old))
+    assert caches.read_fingerprint(dirs["triton"], me)["python"] == "3.12.7"
+    assert caches.step(target, dirs, fp(), ctx).status == "ok"  # same set-up: nothing cleared
+    r = caches.step(target, dirs, fp(torch="2.9.1"), ctx)
+    assert r.status == "done" and me in r.message
+
+
+def test_one_install_spelled_two_ways_is_one_key(tmp_path):
+    ctx = make_ctx(tmp_path)  # a Windows target
+    t = pyfolder.from_folder(str(portable_tree(tmp_path / "P")), ctx)
+    upper = dataclasses.replace(t, exe="C:\\X\\Python.EXE")
+    lower = dataclasses.replace(t, exe="c:/x/python.exe")
+    assert caches.install_id(upper) == caches.install_id(lower)
+    link = tmp_path / "python-link.exe"
+    os.symlink(t.exe, link)  # the same python.exe reached through a link
+    assert caches.install_id(dataclasses.replace(t, exe=str(link))) == caches.install_id(t)

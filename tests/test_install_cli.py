@@ -197,3 +197,24 @@ def test_runs_with_stdin_closed(tmp_path, portable):
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[done] include/libs" in r.stdout
+
+
+def test_selftest_of_another_python_survives_echoed_compiler_output(tmp_path):
+    """The self-test echoes the compiler's lines to stderr, which comes before the JSON report in the
+    combined output of '<python> install.py --check --json'; braces in them must not break parsing."""
+    from fixtures.install_fakes import make_ctx
+    from tritonkit.installer import pyfolder, steps
+
+    report = {"ok": False, "selftest": {"ok": False, "triage": {
+        "key": "python-h-missing", "title": "Python headers or import library missing (include/, libs/)",
+        "fix": "run install.py", "error": "CalledProcessError"}}, "triton": {"import_error": None}}
+    noise = ("C:\\T\\main.c(3): error C2143: syntax error: missing ';' before '{'\n"
+             "{ not json either\n")
+    ctx = make_ctx(tmp_path, run=lambda argv, timeout=None: (1, noise + json.dumps(report, indent=2) + "\n"))
+    target = pyfolder.from_folder(str(portable_tree(tmp_path / "p")), ctx)
+    opts = steps.Options(check=True, install_py=str(REPO / "install.py"))
+    ctx.platform = target.platform  # a Windows tree checked from a Windows install.py
+    r, rep = steps.selftest_step(target, opts, ctx)
+    assert rep == report
+    assert r.status == "failed" and "[python-h-missing]" in r.message
+    assert steps.report_from_output("no report at all {") is None
