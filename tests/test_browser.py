@@ -1,5 +1,5 @@
 """The Triton panel in a real browser: Debian's headless Chromium, driven by Playwright for
-Python, against a real ComfyUI 0.3.75 server (CPU) with its pinned frontend (1.32.9).
+Python, against a real ComfyUI server (CPU) with its pinned frontend (0.3.75: 1.32.9; 0.8.0: 1.35.9).
 
 Chromium must be there (scripts/setup_browser.sh installs it; so does CI): without it these
 tests fail, they do not skip. Screenshots go to artifacts/browser/ (git-ignored)."""

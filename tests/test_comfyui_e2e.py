@@ -1,4 +1,4 @@
-"""The pack inside a real ComfyUI 0.3.75 server (CPU): registration, the self-test through
+"""The pack inside a real ComfyUI server (CPU; 0.3.75 and 0.8.0): registration, the self-test through
 /prompt, and a deliberately broken Triton."""
 import json
 from pathlib import Path

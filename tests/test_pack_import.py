@@ -45,7 +45,7 @@ def _load(pack, env_extra=None):
 
 def test_pack_imports_under_any_folder_name_outside_comfyui(tmp_path):
     res, err = _load(_pack_copy(tmp_path, "Some.Other-Name"))
-    assert {"TritonKitSelfTest", "TritonKitAttention", "TritonKitFp8Fallback"} <= set(res["nodes"])
+    assert {"TritonKitSelfTest", "TritonKitAttention", "TritonKitFp8Fallback", "TritonKitCompileModel"} <= set(res["nodes"])
     assert res["web"] == "./web"
     assert "could not" not in err, err
 
@@ -68,4 +68,4 @@ def test_all_nodes_register_when_triton_is_broken(tmp_path):
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('DLL load failed while importing libtriton: x')\n")
     res, err = _load(_pack_copy(tmp_path, "pack"), {"PYTHONPATH": str(shadow.parent)})
-    assert {"TritonKitSelfTest", "TritonKitAttention", "TritonKitFp8Fallback"} <= set(res["nodes"]), err
+    assert {"TritonKitSelfTest", "TritonKitAttention", "TritonKitFp8Fallback", "TritonKitCompileModel"} <= set(res["nodes"]), err

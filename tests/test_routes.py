@@ -1,4 +1,4 @@
-"""The Triton panel's HTTP routes (nodes/routes.py) against a real ComfyUI 0.3.75 server:
+"""The Triton panel's HTTP routes (nodes/routes.py) against a real ComfyUI server (0.3.75 and 0.8.0):
 every route, every kind of bad input, and concurrent self-tests. The server gets its own
 Triton and TorchInductor cache folders, so clearing them never touches the machine's."""
 import http.client
