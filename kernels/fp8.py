@@ -14,6 +14,10 @@ Semantics (checked in tests/test_fp8.py against torch's own casts):
   fp32 -> bf16 rounding does). With a scale the value is ``(x.to(fp32) * scale).to(dtype)``:
   one fp32 multiply, then one round-to-nearest-even (fp16 overflow -> inf, underflow ->
   subnormal/0), again bit-exact with that torch expression for every non-NaN result.
+  ``round_scale=True`` first rounds the scale to ``dtype`` (``(x.to(fp32) * s.to(dtype).to(fp32))
+  .to(dtype)``), which is what ``x.to(dtype) * s.to(dtype)`` computes in torch for fp16/bf16 (the
+  product of two such values is exact in fp32, and torch rounds it once): comfy-kitchen's eager
+  ``dequantize_per_tensor_fp8``, i.e. ComfyUI 0.8's ``QuantizedTensor.dequantize()`` on the CPU.
 * **encode** ``fp32/fp16/bf16 -> fp8``: round to nearest even, exactly torch's C++ conversion
   (``c10::detail::fp8e4m3fn_from_fp32_value`` / ``fp8e5m2_from_fp32_value``). Overflow:
   e5m2 never saturates in torch (overflow -> ±inf, NaN -> NaN). For e4m3fn torch changed
@@ -34,6 +38,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import sys
 import types
 from typing import Optional
 
@@ -55,7 +60,14 @@ ENCODE_BLOCK = 2048
 ENCODE_WARPS = 4
 
 # Kernel launches in this process, by op (read by the fp8 node's per-run summary and the tests).
-LAUNCHES: collections.Counter = collections.Counter()
+# One Counter per process, not per import of this module: the custom ops below are defined once per
+# process and keep calling the copy of this module that defined them, so when the pack is imported
+# twice (ComfyUI's path-derived module name beside another name, as the tests and the bench do) the
+# launches made through the ops and the counter read by the other copy must be the same object.
+_PROCESS_STATE = "tritonkit_process_state"
+LAUNCHES: collections.Counter = sys.modules.setdefault(
+    _PROCESS_STATE, types.ModuleType(_PROCESS_STATE, "State the pack shares across its imports in one process"),
+).__dict__.setdefault("fp8_launches", collections.Counter())
 
 
 # ----------------------------------------------------------------------------- bit helpers
@@ -143,9 +155,10 @@ def f32_bits_to_fp8_bits(u, FMT: tl.constexpr, SATURATE: tl.constexpr):
 # ----------------------------------------------------------------------------- kernels
 @triton.jit
 def fp8_decode_kernel(x_ptr, out_ptr, scale_ptr, n, C, FMT: tl.constexpr, OUT: tl.constexpr,
-                      SCALE: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr):
+                      SCALE: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr, ROUND_SCALE: tl.constexpr = False):
     """x_ptr: uint8 codes; out_ptr: int32 (fp32 out) or int16 (fp16/bf16 out) bits.
-    SCALE 0: none, 1: one fp32 scale, 2: one fp32 scale per row of C elements."""
+    SCALE 0: none, 1: one fp32 scale, 2: one fp32 scale per row of C elements. ROUND_SCALE:
+    the scale is rounded to the output dtype (nearest even) before the fp32 multiply."""
     pid = tl.program_id(0)
     if BIG:
         offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -187,6 +200,11 @@ def fp8_decode_kernel(x_ptr, out_ptr, scale_ptr, n, C, FMT: tl.constexpr, OUT: t
             s = tl.load(scale_ptr)
         else:
             s = tl.load(scale_ptr + offs // C, mask=mask, other=1.0)
+        if ROUND_SCALE:
+            if OUT == 1:
+                s = s.to(tl.float16).to(tl.float32)
+            elif OUT == 2:
+                s = (f32_bits_to_bf16_bits_rne(s.to(tl.uint32, bitcast=True)) << 16).to(tl.float32, bitcast=True)
         v = fp8_bits_to_f32_bits(b, FMT).to(tl.float32, bitcast=True) * s
         if OUT == 0:
             r = v.to(tl.int32, bitcast=True)
@@ -316,9 +334,10 @@ def _launch_1d(kernel, n, block, warps, args, consts):
 
 
 def decode(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16, scale: Optional[torch.Tensor] = None,
-           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+           out: Optional[torch.Tensor] = None, round_scale: bool = False) -> torch.Tensor:
     """fp8 tensor (float8_e4m3fn / float8_e5m2) -> ``dtype``, times an optional per-tensor or
-    per-row (dim 0) scale. Runs the Triton kernel directly (CUDA, or the interpreter on CPU)."""
+    per-row (dim 0) scale (rounded to ``dtype`` first with ``round_scale``). Runs the Triton
+    kernel directly (CUDA, or the interpreter on CPU)."""
     if x.dtype not in _FMT:
         raise TypeError(f"decode() needs a float8_e4m3fn or float8_e5m2 tensor, got {x.dtype}")
     if dtype not in _OUT:
@@ -337,7 +356,7 @@ def decode(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16, scale: Optional
     xb = x.view(torch.uint8)
     _launch_1d(fp8_decode_kernel, n, DECODE_BLOCK, DECODE_WARPS,
                (xb, bits, s if s is not None else xb, n, C),
-               dict(FMT=_FMT[x.dtype], OUT=_OUT[dtype], SCALE=mode))
+               dict(FMT=_FMT[x.dtype], OUT=_OUT[dtype], SCALE=mode, ROUND_SCALE=bool(round_scale and mode)))
     return out
 
 
@@ -371,11 +390,12 @@ def encode(x: torch.Tensor, fp8_dtype: torch.dtype = torch.float8_e4m3fn, scale:
 
 # ----------------------------------------------------------------------------- torch references
 def decode_reference(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
-                     scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """What :func:`decode` computes, in torch: ``x.to(dtype)``, or ``(x.float() * s).to(dtype)``."""
+                     scale: Optional[torch.Tensor] = None, round_scale: bool = False) -> torch.Tensor:
+    """What :func:`decode` computes, in torch: ``x.to(dtype)``, or ``(x.float() * s).to(dtype)``
+    (``s`` rounded to ``dtype`` first with ``round_scale``)."""
     if scale is None:
         return x.to(dtype)
-    s = scale.to(device=x.device, dtype=torch.float32)
+    s = scale.to(device=x.device, dtype=dtype if round_scale else torch.float32).to(torch.float32)
     if s.numel() > 1:
         s = s.reshape((x.shape[0],) + (1,) * (x.dim() - 1))
     return (x.to(torch.float32) * s).to(dtype)
@@ -440,11 +460,12 @@ def _define_ops():
     import of the pack under another module name reuses the first definition)."""
     if not _op_exists("fp8_decode"):
         @torch.library.custom_op(f"{OP_NAMESPACE}::fp8_decode", mutates_args=())
-        def fp8_decode(x: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-            return decode(x, dtype, scale)
+        def fp8_decode(x: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype,
+                       round_scale: bool = False) -> torch.Tensor:
+            return decode(x, dtype, scale, round_scale=round_scale)
 
         @fp8_decode.register_fake
-        def _(x, scale, dtype):
+        def _(x, scale, dtype, round_scale=False):
             return torch.empty(x.shape, dtype=dtype, device=x.device)
 
     if not _op_exists("fp8_encode"):
@@ -461,9 +482,10 @@ def _define_ops():
 _define_ops()
 
 
-def decode_op(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+def decode_op(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor] = None,
+              round_scale: bool = False) -> torch.Tensor:
     """:func:`decode` through the custom op (what model code should call: compile-safe)."""
-    return torch.ops.tritonkit.fp8_decode(x, scale, dtype)
+    return torch.ops.tritonkit.fp8_decode(x, scale, dtype, round_scale)
 
 
 def encode_op(x: torch.Tensor, fp8_dtype: torch.dtype, scale: Optional[torch.Tensor] = None,
@@ -472,11 +494,13 @@ def encode_op(x: torch.Tensor, fp8_dtype: torch.dtype, scale: Optional[torch.Ten
 
 
 # ----------------------------------------------------------------------------- cross-compile specs
-def _dspec(out_ty, scale, fmt, out, scale_mode):
+def _dspec(out_ty, scale, fmt, out, scale_mode, round_scale=False):
     return (fp8_decode_kernel,
             {"x_ptr": "*u8", "out_ptr": out_ty, "scale_ptr": scale, "n": "i32", "C": "i32",
-             "FMT": "constexpr", "OUT": "constexpr", "SCALE": "constexpr", "BLOCK": "constexpr", "BIG": "constexpr"},
-            {"FMT": fmt, "OUT": out, "SCALE": scale_mode, "BLOCK": DECODE_BLOCK, "BIG": False})
+             "FMT": "constexpr", "OUT": "constexpr", "SCALE": "constexpr", "BLOCK": "constexpr", "BIG": "constexpr",
+             "ROUND_SCALE": "constexpr"},
+            {"FMT": fmt, "OUT": out, "SCALE": scale_mode, "BLOCK": DECODE_BLOCK, "BIG": False,
+             "ROUND_SCALE": round_scale})
 
 
 def _espec(in_ty, fmt, inp, scale_mode, sat):
@@ -491,6 +515,7 @@ COMPILE_SPECS = [
     _dspec("*i16", "*u8", 0, 2, 0),     # e4m3fn -> bf16 (ComfyUI's cast on Ampere)
     _dspec("*i16", "*fp32", 0, 1, 1),   # e4m3fn -> fp16, per-tensor scale (scaled fp8 on Turing)
     _dspec("*i32", "*fp32", 1, 0, 2),   # e5m2 -> fp32, per-row scale
+    _dspec("*i16", "*fp32", 0, 2, 1, True),  # e4m3fn -> bf16, scale rounded to bf16 (ComfyUI 0.8 QuantizedTensor)
     _espec("*i16", 0, 2, 0, True),      # bf16 -> e4m3fn, saturating
     _espec("*i32", 1, 0, 1, False),     # fp32 -> e5m2 with a scale
 ]

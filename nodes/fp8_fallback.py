@@ -17,6 +17,21 @@ per-module route of docs: comfyui-internals §B.6, option 2):
   object patch of the parameter): a bias is a few KB, and decoding it on every call was half of
   the kernel launches of a Flux step (bench/workflow.py).
 
+ComfyUI 0.8+ loads scaled-fp8 files (``convert_old_quants``) and files with per-layer
+``comfy_quant`` metadata as comfy-kitchen ``QuantizedTensor`` weights under
+``mixed_precision_ops`` (the scale inside the tensor). Their fp8 layouts (e4m3fn, e5m2; one scale
+per tensor) are served the same way: ``fp8_decode`` with the scale folded in, rounded exactly as
+ComfyUI's own ``dequantize()`` rounds on this device (comfy-kitchen's eager backend rounds the
+scale to the compute dtype first, its CUDA/Triton backends multiply in fp32: the node checks which,
+once per device and format, on all 256 codes), so the weight (and what LoRA weight functions
+see) is ComfyUI's bit for bit; the fused linear takes the same scale. On a GPU with fp8 compute
+ComfyUI runs these layers on comfy-kitchen's fp8 matmul: ``auto`` keeps that on sm89+, the other
+modes (and an arch forced below sm89) move the clone's layers to the full-precision path
+(an object patch of ``_full_precision_mm``) and serve them. An ``input_scale`` is used only by
+that fp8 matmul, as in ComfyUI. Layouts it can't serve (nvfp4, unknown ones, transposed or padded
+storage) and corrupt scales (NaN, inf, <= 0, not one value) stay on ComfyUI's path, listed by
+reason and logged once.
+
 Both ops are opaque custom ops, so under ``torch.compile`` Inductor calls them and never emits
 code that reads an fp8 tensor. On a GPU with native fp8 (sm89+, not forced lower) ``auto`` leaves
 the compiled graph to ComfyUI's own cast, which Inductor compiles natively there and which
@@ -31,7 +46,9 @@ breaker restores it).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -117,11 +134,19 @@ class LayerConfig:
     arch: Optional[int] = None  # effective compute capability (None on CPU)
     allow_cpu: bool = False     # run the Triton path on CPU tensors (the interpreter)
     compile_native: bool = False  # under torch.compile, leave ComfyUI's cast to Inductor (see below)
+    # ComfyUI 0.8+ QuantizedTensor weight: ((compute dtype, round_scale), ...) as probed from
+    # ComfyUI's own dequantize on this device (round_scale None: no rounding of ours matches)
+    quant: Optional[tuple] = None
+    calibrate: bool = False     # auto: torch / decode / fused measured per shape (nodes/calibration.py)
 
 
 def _eligible(m, x, cfg: LayerConfig) -> Optional[str]:
     """None when this call can take the Triton path, else why not."""
     w = m.weight
+    if cfg.quant is not None:
+        if not _is_quantized(w):
+            return "weight is no longer a QuantizedTensor"
+        w = w._qdata
     if w is None or w.dtype not in FP8_DTYPES:
         return "weight is no longer fp8"
     if type(x) is not torch.Tensor:
@@ -135,12 +160,15 @@ def _eligible(m, x, cfg: LayerConfig) -> Optional[str]:
         return f"{x.device.type} tensors"
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"{x.dtype} activations"
+    if cfg.quant is not None and dict(cfg.quant).get(x.dtype) is None:
+        return (f"ComfyUI's dequantize to {x.dtype} on this device rounds in a way the Triton decode does not "
+                "reproduce")
     return None
 
 
-def _decode(t, dtype, scale=None):
+def _decode(t, dtype, scale=None, round_scale=False):
     from ..kernels.fp8 import decode_op
-    return decode_op(t, dtype, scale)
+    return decode_op(t, dtype, scale, round_scale)
 
 
 def _cast_bias(m, dtype):
@@ -153,8 +181,15 @@ def _cast_bias(m, dtype):
     return b
 
 
-def _cast_weight(m, dtype):
+def _cast_weight(m, dtype, cfg: Optional["LayerConfig"] = None):
     """ComfyUI's cast_bias_weight for the weight, with our decode instead of ``.to(dtype)``."""
+    if cfg is not None and cfg.quant is not None:
+        # ComfyUI 0.8+: weight.dequantize() (the scale inside, rounded as ComfyUI rounds it), then
+        # the weight functions see the dequantized weight
+        w = _decode(m.weight._qdata, dtype, m.weight._params.scale, dict(cfg.quant)[dtype])
+        for f in m.weight_function:
+            w = f(w)
+        return w
     scale = getattr(m, "scale_weight", None)
     if len(m.weight_function) > 0:
         w = _decode(m.weight, dtype)
@@ -166,16 +201,48 @@ def _cast_weight(m, dtype):
     return _decode(m.weight, dtype, scale)
 
 
+def _fused_possible(m, x, cfg: LayerConfig) -> bool:
+    if len(m.weight_function) > 0 or len(m.bias_function) > 0:
+        return False
+    if x.device.type == "cpu" or x.dtype == torch.float16:
+        return True
+    return x.dtype == torch.bfloat16 and (cfg.arch is None or cfg.arch >= 80)
+
+
 def _fused_ok(m, x, cfg: LayerConfig) -> bool:
-    if not cfg.fused or len(m.weight_function) > 0 or len(m.bias_function) > 0:
+    if not cfg.fused or not _fused_possible(m, x, cfg):
         return False
     if x.device.type == "cpu":
         return True
-    if cfg.fused_max_tokens is not None and x.numel() // max(1, x.shape[-1]) > cfg.fused_max_tokens:
-        return False
-    if x.dtype == torch.float16:
-        return True
-    return x.dtype == torch.bfloat16 and (cfg.arch is None or cfg.arch >= 80)
+    return cfg.fused_max_tokens is None or x.numel() // max(1, x.shape[-1]) <= cfg.fused_max_tokens
+
+
+def _fused_linear(m, x, dtype, cfg: LayerConfig):
+    from ..kernels.fp8_linear import linear_op
+    b = m.bias
+    if b is not None and b.dtype not in FP8_DTYPES:
+        b = b.to(dtype)
+    if cfg.quant is not None:
+        w, scale = m.weight._qdata, m.weight._params.scale
+        if dict(cfg.quant)[dtype]:
+            scale = scale.to(dtype)  # the scale ComfyUI's dequantize multiplies by
+        return linear_op(x, w, b, scale)
+    return linear_op(x, m.weight, b, getattr(m, "scale_weight", None))
+
+
+def _calibrated_path(m, orig, cfg: LayerConfig, x, args, kwargs) -> str:
+    """auto: 'torch' / 'decode' / 'fused', measured once per layer shape and token bucket."""
+    from . import calibration as calib
+    dtype = x.dtype
+    default = "fused" if _fused_ok(m, x, cfg) else "decode"
+    runs = {"decode": lambda: torch.nn.functional.linear(x, _cast_weight(m, dtype, cfg), _cast_bias(m, dtype))}
+    if cfg.arch is None or cfg.arch >= 89:
+        # below sm89 ComfyUI's own cast is what TorchCompileModel turns into fp8e4nv code that Triton
+        # refuses (seen: an H100 @86 picked it for one shape class, 1 of 33 Inductor kernels fp8e4nv)
+        runs["torch"] = lambda: orig(m, x, *args, **kwargs)
+    if _fused_possible(m, x, cfg):
+        runs["fused"] = lambda: _fused_linear(m, x, dtype, cfg)
+    return calib.fp8_linear_path(m, x, default, runs, cfg.arch)
 
 
 def _forward(m, orig, cfg: LayerConfig, rms_norm, x, *args, **kwargs):
@@ -191,17 +258,18 @@ def _forward(m, orig, cfg: LayerConfig, rms_norm, x, *args, **kwargs):
     dtype = x.dtype
     F = torch.nn.functional
     if cfg.kind == "linear":
-        if _fused_ok(m, x, cfg):
-            from ..kernels.fp8_linear import linear_op
-            b = m.bias
-            if b is not None and b.dtype not in FP8_DTYPES:
-                b = b.to(dtype)
+        path = _calibrated_path(m, orig, cfg, x, args, kwargs) if cfg.calibrate else (
+            "fused" if _fused_ok(m, x, cfg) else "decode")
+        if path == "torch":
+            _record(cfg.name, "torch (measured faster)")
+            return orig(m, x, *args, **kwargs)
+        if path == "fused":
             _record(cfg.name, "fused-linear")
-            return linear_op(x, m.weight, b, getattr(m, "scale_weight", None))
+            return _fused_linear(m, x, dtype, cfg)
         _record(cfg.name, "decode")
-        return F.linear(x, _cast_weight(m, dtype), _cast_bias(m, dtype))
+        return F.linear(x, _cast_weight(m, dtype, cfg), _cast_bias(m, dtype))
     _record(cfg.name, "decode")
-    w, b = _cast_weight(m, dtype), _cast_bias(m, dtype)
+    w, b = _cast_weight(m, dtype, cfg), _cast_bias(m, dtype)
     if cfg.kind == "conv":
         return m._conv_forward(x, w, b)
     if cfg.kind == "groupnorm":
@@ -223,6 +291,101 @@ def make_forward(module, cfg: LayerConfig, rms_norm=None):
     return forward_comfy_cast_weights
 
 
+# ----------------------------------------------------------------------------- ComfyUI 0.8+ QuantizedTensor
+# ComfyUI 0.8 loads scaled-fp8 files (convert_old_quants) and files with per-layer ``comfy_quant``
+# metadata under comfy.ops.mixed_precision_ops: the Linear weight is a comfy-kitchen
+# QuantizedTensor (fp8 storage in ``_qdata``, the per-tensor scale in ``_params.scale``,
+# ``_params.orig_dtype`` the compute dtype). Below sm89 ComfyUI disables its fp8 formats and
+# every forward goes cast_bias_weight -> ``weight.dequantize()``; that is what the node replaces.
+PROBE_SCALES = (0.0370001, 1 / 3, 7.1234567, 1.37e-3)  # values that round differently in fp16/bf16
+_ROUNDING: dict = {}
+
+
+def _is_quantized(t) -> bool:
+    """A comfy-kitchen QuantizedTensor (ComfyUI 0.8+)."""
+    return isinstance(t, torch.Tensor) and hasattr(t, "_qdata") and hasattr(t, "_params") and hasattr(t, "_layout_cls")
+
+
+def quantized_problem(w) -> Optional[str]:
+    """None when the QuantizedTensor ``w`` is a per-tensor fp8 layout the Triton decode computes
+    exactly as ComfyUI does, else why not (the reason a layer stays on ComfyUI's path)."""
+    if not _is_quantized(w):
+        return "QuantizedTensor layers of ComfyUI before 0.8 (no comfy-kitchen) are not handled"
+    name = w._layout_cls
+    try:
+        from comfy_kitchen.tensor import TensorCoreFP8Layout
+        layout = w.layout_cls
+    except ImportError as e:
+        return f"comfy-kitchen does not import ({e})"
+    except Exception:
+        return f"unknown quantized layout {name!r}"
+    if not (isinstance(layout, type) and issubclass(layout, TensorCoreFP8Layout)) or \
+            getattr(layout.dequantize, "__func__", None) is not TensorCoreFP8Layout.dequantize.__func__:
+        return f"{name} layout: no Triton kernel for it"
+    q, p = w._qdata, w._params
+    if q.dtype not in FP8_DTYPES:
+        return f"{name} layout with {str(q.dtype).replace('torch.', '')} storage (not fp8)"
+    if getattr(p, "transposed", False) or q.dim() != 2 or tuple(q.shape) != tuple(p.orig_shape):
+        return f"{name} layout with a transposed or padded storage"
+    if getattr(p, "orig_dtype", None) not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"{name} layout with compute dtype {getattr(p, 'orig_dtype', None)}"
+    s = getattr(p, "scale", None)
+    if not isinstance(s, torch.Tensor) or not s.dtype.is_floating_point:
+        return "weight scale missing or not a float tensor"
+    if s.numel() != 1:
+        return f"weight scale of shape {tuple(s.shape)} (a per-tensor fp8 scale has 1 value)"
+    if s.device.type == "meta":
+        return "weight scale on the meta device"
+    v = float(s.detach().reshape(()).float().cpu())
+    if not math.isfinite(v) or v <= 0:
+        return "corrupt weight scale (NaN, inf, zero or negative)"
+    return None
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit patterns, NaN payloads aside."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    a, b = a.reshape(-1).cpu(), b.reshape(-1).cpu()
+    nan = torch.isnan(a)
+    if not torch.equal(nan, torch.isnan(b)):
+        return False
+    view = torch.int32 if a.dtype == torch.float32 else torch.int16
+    return torch.equal(a[~nan].view(view), b[~nan].view(view))
+
+
+def comfy_dequant_rounding(w, device) -> tuple:
+    """How ComfyUI's own ``dequantize()`` of ``w``'s layout rounds on ``device``, per compute
+    dtype: ((dtype, round_scale), ...) with round_scale True (the scale rounded to the dtype first:
+    comfy-kitchen's eager backend, ``x.to(dtype) * scale.to(dtype)``), False (one fp32 multiply,
+    then one rounding: its CUDA/Triton backends) or None (neither: those calls stay on ComfyUI's
+    path). Measured once per (device, layout, fp8 format) on all 256 codes times a few scales."""
+    from ..kernels.fp8 import decode_reference
+    key = (str(device), w._layout_cls, w._qdata.dtype)
+    if key in _ROUNDING:
+        return _ROUNDING[key]
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(w._qdata.dtype).reshape(16, 16).to(device)
+    out = []
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        verdict = None
+        try:
+            got = []
+            for sv in PROBE_SCALES:
+                sc = torch.tensor(sv, dtype=torch.float32, device=device)
+                params = dataclasses.replace(w._params, scale=sc, orig_dtype=dt, orig_shape=(16, 16))
+                got.append((sc, type(w)(codes, w._layout_cls, params).dequantize()))
+            for rs in (True, False):
+                if all(_same_bits(g, decode_reference(codes, dt, sc, round_scale=rs)) for sc, g in got):
+                    verdict = rs
+                    break
+        except Exception as e:  # a layout/backend that can't dequantize this probe: ComfyUI's path
+            log_once(f"probe:{key}:{dt}", f"could not check how ComfyUI dequantizes {w._layout_cls} to {dt} "
+                     f"({type(e).__name__}: {e}); those calls stay on ComfyUI's path", logging.WARNING)
+        out.append((dt, verdict))
+    _ROUNDING[key] = tuple(out)
+    return _ROUNDING[key]
+
+
 # ----------------------------------------------------------------------------- planning
 @dataclass
 class Plan:
@@ -236,6 +399,9 @@ class Plan:
     predecoded_biases: int = 0                     # how many of those are biases of patched layers
     skipped: dict = field(default_factory=dict)    # reason -> [names]
     notes: list = field(default_factory=list)
+    quantized: collections.Counter = field(default_factory=collections.Counter)  # served QuantizedTensor layers by format
+    full_precision: list = field(default_factory=list)  # QuantizedTensor layers moved off comfy-kitchen's fp8 matmul
+    input_scaled: int = 0                           # served layers that also carry an input_scale
 
     @property
     def active(self) -> bool:
@@ -260,6 +426,40 @@ def _kind(m) -> Optional[str]:
 
 def _plain_fp8(t) -> bool:
     return isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype in FP8_DTYPES
+
+
+def _skip(plan: Plan, reason: str, name: str, level: int = logging.INFO) -> None:
+    names = plan.skipped.setdefault(reason, [])
+    names.append(name)
+    if len(names) == 1:
+        log_once("skip:" + reason, f"{reason}: {name} (and any other such layer) stays on ComfyUI's path", level)
+
+
+def _plan_quantized(plan: Plan, name: str, m, w, device, mode: str, arch: Optional[int]):
+    """(the LayerConfig.quant of a QuantizedTensor layer we serve, None) or (None, why not)."""
+    why = quantized_problem(w)
+    if why is None and not (isinstance(m, torch.nn.Linear) or hasattr(m, "in_features")):
+        why = f"QuantizedTensor weights in {type(m).__name__} layers are not handled"
+    if why is not None:
+        return None, why
+    native = not getattr(m, "_full_precision_mm", True)
+    if native and mode == "auto" and device.type == "cuda" and arch is not None and arch >= 89:
+        return None, "native fp8 matmul (comfy-kitchen's QuantizedTensor linear) kept"
+    try:
+        rounding = comfy_dequant_rounding(w, device)
+    except Exception as e:  # ComfyUI's own dequantize fails on the probe: leave the layer to it
+        return None, f"ComfyUI's dequantize could not be checked ({type(e).__name__}: {e})"
+    if all(rs is None for _, rs in rounding):
+        return None, (f"ComfyUI's dequantize of {w._layout_cls} on {device} matches no rounding the Triton "
+                      "decode implements")
+    if native:
+        # comfy-kitchen's fp8 matmul path (fp8 compute: sm89+, or an arch forced lower on one):
+        # the layer's forward only reaches forward_comfy_cast_weights on the full-precision path
+        plan.full_precision.append(name)
+    plan.quantized[str(w._qdata.dtype).replace("torch.float8_", "")] += 1
+    if isinstance(getattr(m, "input_scale", None), torch.Tensor):
+        plan.input_scaled += 1
+    return rounding, None
 
 
 def plan_model(model, mode: str = "auto") -> Plan:
@@ -295,14 +495,18 @@ def plan_model(model, mode: str = "auto") -> Plan:
         if not isinstance(m, comfy.ops.CastWeightBiasOp):
             continue
         w = getattr(m, "weight", None)
+        quant = None
         if not _plain_fp8(w):
-            q = getattr(w, "_qdata", None)  # ComfyUI's QuantizedTensor (mixed-precision checkpoints)
-            if isinstance(q, torch.Tensor) and q.dtype in FP8_DTYPES:
-                plan.skipped.setdefault("QuantizedTensor (mixed-precision) layers are not handled", []).append(name)
-            continue
+            if not (isinstance(w, torch.Tensor) and (hasattr(w, "_qdata") or hasattr(w, "_layout_type"))):
+                continue
+            # ComfyUI's QuantizedTensor (0.8+: scaled-fp8 and comfy_quant checkpoints)
+            quant, why = _plan_quantized(plan, name, m, w, device, mode, arch)
+            if why is not None:
+                _skip(plan, why, name, logging.WARNING if "corrupt" in why or "unknown" in why else logging.INFO)
+                continue
         op_params.add(f"{name}.weight")
         op_params.add(f"{name}.bias")
-        kind = _kind(m)
+        kind = "linear" if quant is not None else _kind(m)
         if kind is None:
             plan.skipped.setdefault(f"{type(m).__name__} layers are not handled", []).append(name)
             continue
@@ -316,7 +520,8 @@ def plan_model(model, mode: str = "auto") -> Plan:
             fused = w.shape[0] >= FUSED_MIN_FEATURES_PER_SM * sm_count
             limit = FUSED_MAX_TOKENS
         plan.layers[name] = LayerConfig(name=name, kind=kind, fused=fused, fused_max_tokens=limit, arch=arch,
-                                        allow_cpu=allow_cpu, compile_native=compile_native)
+                                        allow_cpu=allow_cpu, compile_native=compile_native, quant=quant,
+                                        calibrate=kind == "linear" and mode == "auto")
 
     dtype = plan.compute_dtype or torch.float32
     for name in plan.layers:
@@ -369,9 +574,14 @@ def apply_plan(model, plan: Plan) -> None:
         mod = dm.get_submodule(name)
         model.add_object_patch(f"diffusion_model.{name}.forward_comfy_cast_weights",
                                make_forward(mod, cfg, comfy.rmsnorm.rms_norm))
+    for name in plan.full_precision:
+        model.add_object_patch(f"diffusion_model.{name}._full_precision_mm", True)
     for pname, (p, dtype) in plan.predecode.items():
         use_triton = p.device.type == "cuda" or force_triton_on_cpu()
         model.add_object_patch(f"diffusion_model.{pname}", _predecoded(p, dtype, use_triton))
+    if plan.active and plan.mode == "auto":
+        from . import calibration as calib
+        calib.add_wrapper(model)  # under TorchCompileModel: the first call runs eagerly and calibrates
     if plan.active:
         model.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY)
         model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY,
@@ -413,14 +623,33 @@ def describe(plan: Plan) -> str:
                                  if c.fused else f"Triton decode ({c.kind})") for c in plan.layers.values())
     if plan.layers:
         lines.append(f"{len(plan.layers)} fp8 layers patched: " + ", ".join(f"{n} -> {k}" for k, n in kinds.most_common()))
+    if plan.quantized:
+        line = (f"{sum(plan.quantized.values())} of them ComfyUI QuantizedTensor layers ("
+                + ", ".join(f"{k} {n}" for k, n in sorted(plan.quantized.items()))
+                + "): the per-tensor scale folded into the decode, rounded as ComfyUI's dequantize rounds it")
+        if plan.full_precision:
+            line += f"; {len(plan.full_precision)} taken off comfy-kitchen's fp8 matmul onto the full-precision path"
+        if plan.input_scaled:
+            line += (f"; {plan.input_scaled} carry an input scale, which only the fp8 matmul uses (unused on the "
+                     "full-precision path, as in ComfyUI)")
+        lines.append(line)
     if plan.predecode:
         dt = str(next(iter(plan.predecode.values()))[1]).replace("torch.", "")
         other = len(plan.predecode) - plan.predecoded_biases
         what = ([f"{plan.predecoded_biases} fp8 biases of those layers"] if plan.predecoded_biases else []) + \
                ([f"{other} small fp8 parameters outside ComfyUI ops"] if other else [])
         lines.append(" and ".join(what) + f" decoded once to {dt}")
+    if plan.mode == "auto" and any(c.calibrate for c in plan.layers.values()):
+        from . import calibration as calib
+        lines.append("auto: each Linear shape and token bucket takes the fastest of torch's cast + mm, the decode + "
+                     "mm and the fused linear, measured on this GPU at its first call (the rule above is the "
+                     "default where nothing is timed)")
+        lines.extend(calib.describe(plan.device, "fp8_linear|"))
     for reason, names in plan.skipped.items():
-        lines.append(f"left on torch: {len(names)} ({reason})")
+        line = f"left on torch: {len(names)} ({reason})"
+        if "kept" not in reason:  # a choice needs no list; a layer we could not serve is named
+            line += ": " + ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        lines.append(line)
     lines.extend(plan.notes)
     if plan.mode != "off" and not plan.active and not plan.notes:
         lines.append("no fp8 weights found in the diffusion model: nothing to do")
@@ -456,18 +685,21 @@ class TritonFp8Fallback:
     OUTPUT_TOOLTIPS = ("The model with its fp8 weights going through the Triton kernels (a patched clone).",)
     DESCRIPTION = ("Makes the fp8 weights of the diffusion model go through Triton kernels instead of torch's cast: "
                    "a fused fp8-weight linear for Linear layers and a bit-exact decode elsewhere. Needed for "
-                   "TorchCompileModel on fp8 models below sm89 with official Triton, and faster than torch's cast "
-                   "on every GPU. Per model, reversible (bypass the node), keeps LoRA and offloading working.")
+                   "TorchCompileModel on fp8 models below sm89 with official Triton; auto times torch's cast against the "
+                   "Triton paths per layer shape on your GPU and keeps the fastest. Per model, reversible (bypass the "
+                   "node), keeps LoRA and offloading working.")
 
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
             "model": ("MODEL",),
             "mode": (list(MODES), {"default": "auto", "tooltip":
-                     "auto: every fp8 layer through Triton: the decode then torch's op, and for Linear layers the "
-                     "fused fp8-weight linear where it measured faster (<= 16 tokens on wide layers); on sm89+ a checkpoint loaded as fp8_e4m3fn_fast keeps torch's native fp8 "
+                     "auto: Linear layers take the fastest of torch's cast + mm, the Triton decode + mm and the fused "
+                     "fp8-weight linear, timed once per shape on this GPU (TRITONKIT_FP8_PATH=torch|decode|fused "
+                     "forces one); other fp8 layers the decode, then torch's op; on sm89+ a checkpoint loaded as fp8_e4m3fn_fast keeps torch's native fp8 "
                      "matmul; under TorchCompileModel on sm89+ the compiled graph keeps Inductor's native fp8 cast, which measured "
-                     "as fast or faster. fused-linear: the fused linear for every Linear, native fp8 ones included. "
+                     "as fast or faster; ComfyUI 0.8's QuantizedTensor fp8 layers on comfy-kitchen's fp8 matmul (sm89+) "
+                     "are kept there. fused-linear: the fused linear for every Linear, native fp8 ones included. "
                      "cast-only: only replace the cast (decode, then torch's matmul). off: unchanged."}),
         }}
 

@@ -59,6 +59,20 @@ def test_decode_with_scales_matches_torch(fmt, dtype):
         assert_bits_equal(y, fp8.decode_reference(x, dtype, s), nan_bits=False)
 
 
+@pytest.mark.parametrize("dtype", fp8.OUT_DTYPES)
+@pytest.mark.parametrize("fmt", fp8.FP8_DTYPES)
+def test_decode_with_scale_rounded_to_the_output_dtype_matches_torch(fmt, dtype, poison):
+    """round_scale: ``x.to(dtype) * s.to(dtype)`` in torch (comfy-kitchen's eager dequantize),
+    scales that round up/down in fp16 and bf16, overflow fp16, or make subnormal products."""
+    x = CODES.view(fmt)
+    for sv in (0.0123, 1 / 3, 0.0370001, 7.1234567, 3e4, 1e-6, 2.0 ** -20 * 1.7, 1e-30):
+        s = torch.tensor(sv)
+        out = poison(torch.empty(256, dtype=dtype))
+        fp8.decode(x, dtype, s, out=out, round_scale=True)
+        assert_bits_equal(out, x.to(dtype) * s.to(dtype), nan_bits=False)
+        assert_bits_equal(out, fp8.decode_reference(x, dtype, s, round_scale=True), nan_bits=False)
+
+
 def test_decode_random_tensors_and_shapes(poison):
     g = torch.Generator().manual_seed(1)
     for shape in [(1,), (3, 5), (17, 33, 2), (70_001,)]:
@@ -168,8 +182,18 @@ def test_ops_defined_once_when_the_pack_is_imported_twice():
     sys.modules["tritonkit_second_copy"] = pkg
     try:
         mod = importlib.import_module("tritonkit_second_copy.kernels.fp8")
-        importlib.import_module("tritonkit_second_copy.kernels.fp8_linear")
+        lin = importlib.import_module("tritonkit_second_copy.kernels.fp8_linear")
         assert mod.decode_op(CODES[:8].view(torch.float8_e5m2), torch.float16).dtype == torch.float16
+        # Whichever copy defined an op, its launches count where every copy reads them (one
+        # process-wide counter; a copy-local one lost the fused-linear launches of test_fp8_node
+        # when this test ran first).
+        assert mod.LAUNCHES is fp8.LAUNCHES and lin.LAUNCHES is fp8.LAUNCHES
+        before = dict(fp8.LAUNCHES)
+        w = (torch.randn(4, 8) * 4).to(torch.float8_e4m3fn)
+        torch.ops.tritonkit.fp8_linear(torch.randn(2, 8), w, None, None)
+        torch.ops.tritonkit.fp8_decode(w, None, torch.float32)
+        assert fp8.LAUNCHES["linear"] == before.get("linear", 0) + 1
+        assert fp8.LAUNCHES["decode"] == before.get("decode", 0) + 1
     finally:
         for k in [k for k in sys.modules if k.startswith("tritonkit_second_copy")]:
             del sys.modules[k]

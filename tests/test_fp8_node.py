@@ -1,6 +1,7 @@
 """The "Triton fp8 Fallback" node: planning and patching on ComfyUI's own ops (in process, CPU,
 kernels through the Triton interpreter), then the real thing in a ComfyUI 0.3.75 server, and on a
 GPU the compile story (no fp8e4nv in Inductor's code, which compiles for sm80/sm86)."""
+import collections
 import json
 import logging
 import os
@@ -18,10 +19,11 @@ FP8 = torch.float8_e4m3fn
 
 @pytest.fixture(scope="module")
 def comfy():
-    """ComfyUI's modules in this process, on the CPU."""
-    path = str(REPO / ".comfyui")
+    """ComfyUI's modules in this process, on the CPU (the tree TK_COMFYUI names, else .comfyui)."""
+    from comfy_harness import comfyui_dir
+    path = str(comfyui_dir())
     if not os.path.isfile(os.path.join(path, "comfy", "ops.py")):
-        pytest.skip("ComfyUI sources are not in .comfyui (scripts/setup_env.sh)")
+        pytest.skip(f"ComfyUI sources are not in {path} (scripts/setup_env.sh)")
     if path not in sys.path:
         sys.path.insert(0, path)
     try:
@@ -183,6 +185,8 @@ def test_lora_weight_functions_and_offloaded_weights_fall_back_cleanly(comfy, no
 
 
 def test_scaled_fp8_layers(comfy, node):
+    if not hasattr(comfy.ops, "scaled_fp8_ops"):
+        pytest.skip("ComfyUI >= 0.8 loads scaled fp8 as QuantizedTensor layers (the test_quantized_* tests)")
     ops = comfy.ops.scaled_fp8_ops(fp8_matrix_mult=False, scale_input=False, override_dtype=FP8)
     base, mp = build(comfy, ops=ops)
     assert base.diffusion_model.img_in.scale_weight is not None
@@ -198,18 +202,299 @@ def test_scaled_fp8_layers(comfy, node):
 
 
 def test_unhandled_layers_are_reported(comfy, node):
-    from comfy.quant_ops import QuantizedTensor
+    base, mp = build(comfy)
+    dm = base.diffusion_model
+    dm.emb = comfy.ops.manual_cast.Embedding(10, 8, dtype=FP8)
+    plan = node.plan_model(mp, "auto")
+    assert plan.skipped == {"Embedding layers are not handled": ["emb"]}
+    assert "left on torch: 1 (Embedding layers are not handled): emb" in node.describe(plan)
+
+
+def test_pre_kitchen_quantized_tensor_is_reported(comfy, node):
+    """ComfyUI 0.3.x's own QuantizedTensor (files with _quantization_metadata, before comfy-kitchen):
+    left on ComfyUI's path with its reason, the other fp8 layers still served."""
+    qo = pytest.importorskip("comfy.quant_ops")
+    if not hasattr(qo.QuantizedTensor, "_layout_type") and "layout_params" not in qo.QuantizedTensor.__init__.__code__.co_varnames:
+        pytest.skip("this ComfyUI's QuantizedTensor is comfy-kitchen's (the test_quantized_* tests)")
     base, mp = build(comfy)
     dm = base.diffusion_model
     q = dm.out.weight.detach().clone()
-    dm.out.weight = torch.nn.Parameter(QuantizedTensor(q, "TensorCoreFP8Layout", {"scale": torch.tensor(1.0),
-                                                                                  "orig_dtype": torch.float32}),
+    dm.out.weight = torch.nn.Parameter(qo.QuantizedTensor(q, "TensorCoreFP8Layout", {"scale": torch.tensor(1.0),
+                                                                                     "orig_dtype": torch.float32}),
                                        requires_grad=False)
-    dm.emb = comfy.ops.manual_cast.Embedding(10, 8, dtype=FP8)
     plan = node.plan_model(mp, "auto")
-    assert plan.skipped == {"QuantizedTensor (mixed-precision) layers are not handled": ["out"],
-                            "Embedding layers are not handled": ["emb"]}
-    assert "left on torch: 1 (Embedding layers are not handled)" in node.describe(plan)
+    assert plan.skipped == {"QuantizedTensor layers of ComfyUI before 0.8 (no comfy-kitchen) are not handled": ["out"]}
+    assert {"img_in", "norm", "conv"} <= set(plan.layers)
+
+
+# ----------------------------------------------------------------------------- ComfyUI 0.8+ QuantizedTensor
+E5M2 = torch.float8_e5m2
+FP8_FORMATS = {FP8: "float8_e4m3fn", E5M2: "float8_e5m2"}
+
+
+@pytest.fixture
+def kitchen(comfy):
+    """ComfyUI 0.8+ with comfy-kitchen's QuantizedTensor."""
+    if not hasattr(comfy.ops, "mixed_precision_ops") or "disabled" not in comfy.ops.mixed_precision_ops.__code__.co_varnames:
+        pytest.skip("this ComfyUI has no comfy-kitchen QuantizedTensor layers (0.8+)")
+    try:
+        from comfy_kitchen.tensor import QuantizedTensor
+    except ImportError as e:
+        pytest.skip(f"comfy-kitchen does not import: {e}")
+    return QuantizedTensor
+
+
+def _comfy_quant(fmt):
+    return torch.tensor(list(json.dumps({"format": fmt}).encode("utf-8")), dtype=torch.uint8)
+
+
+def build_quantized(comfy, fp8_compute=False, compute_dtype=torch.float32, seed=0, device="cpu"):
+    """A small model the way ComfyUI 0.8 loads a quantized / scaled-fp8 file: mixed_precision_ops
+    Linear layers loaded from a state dict with per-layer ``comfy_quant`` (an e4m3fn layer, an
+    e5m2 layer with an input scale, an unquantized Linear) next to legacy fp8 ops (a Conv1d
+    and an fp8 RMSNorm scale of a plain fp8 checkpoint). fp8_compute=False is a GPU below sm89
+    (ComfyUI disables the fp8 formats: the full-precision path)."""
+    import comfy.ldm.flux.layers as flux_layers
+    disabled = set() if fp8_compute else {"float8_e4m3fn", "float8_e5m2"}
+    ops = comfy.ops.mixed_precision_ops({"mixed_ops": True}, compute_dtype, disabled=disabled)
+    g = torch.Generator().manual_seed(seed)
+
+    class DM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.img_in = ops.Linear(32, 64)
+            self.mid = ops.Linear(64, 64)
+            self.plain = ops.Linear(64, 64)
+            self.qk = flux_layers.RMSNorm(64, dtype=FP8)
+            self.conv = comfy.ops.manual_cast.Conv1d(4, 4, 3, padding=1, dtype=FP8)
+            self.out = ops.Linear(64, 16)
+
+        def forward(self, x):
+            h = self.qk(self.mid(self.img_in(x)))
+            h = self.conv(h.reshape(h.shape[0], 4, -1)).reshape(h.shape)
+            return self.out(self.plain(h))
+
+    dm = DM()
+    sd = {}
+    for name, fmt, n_out, n_in, input_scale in (("img_in", FP8, 64, 32, False), ("mid", E5M2, 64, 64, True),
+                                                ("out", FP8, 16, 64, False), ("plain", None, 64, 64, False)):
+        w = torch.randn(n_out, n_in, generator=g) * 0.05
+        sd[f"{name}.bias"] = torch.randn(n_out, generator=g) * 0.1
+        if fmt is None:
+            sd[f"{name}.weight"] = w
+            continue
+        scale = w.abs().amax() / torch.finfo(fmt).max
+        sd[f"{name}.weight"] = (w / scale).to(fmt)
+        sd[f"{name}.weight_scale"] = scale.float()
+        sd[f"{name}.comfy_quant"] = _comfy_quant(FP8_FORMATS[fmt])
+        if input_scale:
+            sd[f"{name}.input_scale"] = torch.tensor(0.02)
+    sd["qk.scale"] = (torch.rand(64, generator=g) + 0.5).to(FP8)
+    sd["conv.weight"] = (torch.randn(4, 4, 3, generator=g) * 0.3).to(FP8)
+    sd["conv.bias"] = (torch.randn(4, generator=g) * 0.1).to(FP8)
+    missing, unexpected = dm.load_state_dict(sd, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+
+    class Base(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.diffusion_model = dm
+            self.manual_cast_dtype = compute_dtype
+            self.model_config = types.SimpleNamespace(optimizations={"fp8": False})
+
+    base = Base().to(device)
+    return base, comfy.model_patcher.ModelPatcher(base, torch.device(device), torch.device(device))
+
+
+QUANT_LAYERS = {"img_in", "mid", "out"}
+AWKWARD_SCALES = (0.0370001, 1 / 3, 7.1234567, 1.37e-3, 2.0 ** -20 * 1.7, 3e4, 1e-30, 448.0)
+
+
+@pytest.mark.parametrize("fmt", [FP8, E5M2])
+def test_quantized_decode_is_bit_exact_against_comfyuis_dequantize(comfy, node, kitchen, fmt):
+    """All 256 codes times awkward scales (fp16/bf16 rounding ties, fp16 overflow, bf16
+    subnormals), to each compute dtype: the node's decode of a QuantizedTensor equals the
+    tensor's own dequantize() bit for bit (NaN codes: NaN)."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fmt).reshape(16, 16)
+    layout = {FP8: "TensorCoreFP8E4M3Layout", E5M2: "TensorCoreFP8E5M2Layout"}[fmt]
+    probe = kitchen(codes, layout, kitchen.from_float(torch.ones(2, 2), layout)._params)
+    rounding = dict(node.comfy_dequant_rounding(probe, torch.device("cpu")))
+    assert rounding[torch.bfloat16] is True and rounding[torch.float16] is True  # comfy-kitchen eager
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        for sv in AWKWARD_SCALES:
+            params = type(probe._params)(scale=torch.tensor(sv), orig_dtype=dt, orig_shape=(16, 16))
+            qt = kitchen(codes, layout, params)
+            assert node.quantized_problem(qt) is None
+            m = types.SimpleNamespace(weight=qt, weight_function=[])
+            cfg = node.LayerConfig(name="l", kind="linear", fused=False, quant=tuple(rounding.items()))
+            got, ref = node._cast_weight(m, dt, cfg), qt.dequantize()
+            assert node._same_bits(got, ref), (dt, sv)
+            assert torch.isnan(ref).any() or fmt == E5M2 and sv == 3e4  # the NaN codes were checked too
+
+
+@pytest.mark.parametrize("mode", ["cast-only", "auto"])
+def test_quantized_layers_are_served_and_match_comfyui(comfy, node, kitchen, mode):
+    base, mp = build_quantized(comfy)
+    dm = base.diffusion_model
+    assert isinstance(dm.img_in.weight, kitchen) and dm.img_in._full_precision_mm
+    assert dm.mid.weight._qdata.dtype == E5M2 and dm.plain.weight.dtype == torch.float32
+    ref = run(base, X)
+    clone, text = node.patch_model(mp, mode)
+    assert "3 of them ComfyUI QuantizedTensor layers (e4m3fn 2, e5m2 1)" in text, text
+    assert "1 carry an input scale" in text, text
+    clone.patch_model()
+    try:
+        from tritonkit.kernels import fp8
+        node.STATS.reset()
+        before = dict(fp8.LAUNCHES)
+        out = run(base, X)
+        launches = {k: v - before.get(k, 0) for k, v in fp8.LAUNCHES.items() if v - before.get(k, 0)}
+        assert set(node.STATS.layers) == QUANT_LAYERS | {"conv"} and not node.STATS.fallbacks
+        # The decoded weights are ComfyUI's bit for bit (test above); the products are not: ComfyUI's
+        # QuantizedTensor linear multiplies by a contiguous transposed copy of the weight
+        # (aten.t, then addmm dequantizes it), we call F.linear on the [N, K] weight as for every
+        # other layer, and the GEMM sums in another order (fp32 here: ~1 ulp); the fused linear
+        # (CPU auto: every Linear) sums in its own order too.
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        assert launches == ({"decode": 4} if mode == "cast-only" else {"linear": 3, "decode": 1})
+    finally:
+        clone.unpatch_model()
+    assert isinstance(dm.img_in.weight, kitchen) and torch.equal(run(base, X), ref)
+
+
+def test_quantized_weight_functions_see_the_dequantized_weight(comfy, node, kitchen):
+    """A lowvram LoRA patch on a QuantizedTensor layer: ComfyUI applies the weight function to
+    the dequantized (scaled) weight; so does the node (bit-exact, decode path)."""
+    base, mp = build_quantized(comfy)
+    dm = base.diffusion_model
+    seen = []
+
+    def lora():
+        dm.img_in.weight_function = [lambda w: seen.append(w.clone()) or w * 1.5 + 0.001]
+        dm.out.bias_function = [lambda b: b + 0.25]
+
+    lora()
+    ref = run(base, X)
+    clone, _ = node.patch_model(mp, "auto")
+    clone.patch_model()
+    lora()
+    try:
+        node.STATS.reset()
+        torch.testing.assert_close(run(base, X), ref, rtol=1e-5, atol=1e-6)  # GEMM order: see above
+        assert node.STATS.layers["img_in"] == "decode" and node.STATS.layers["out"] == "decode"
+        assert len(seen) == 2 and torch.equal(seen[0], seen[1])  # ComfyUI's call, then ours: same weight
+        # an offloaded QuantizedTensor (its fp8 storage elsewhere than the activations): ComfyUI's forward
+        cfg = dm.img_in.forward_comfy_cast_weights.tritonkit_fp8
+        w = dm.img_in.weight
+        away = kitchen(torch.empty(w._qdata.shape, dtype=w._qdata.dtype, device="meta"), w._layout_cls, w._params)
+        assert node._eligible(types.SimpleNamespace(weight=away, bias=None), X, cfg) == \
+            "weights not on the compute device (offloaded)"
+    finally:
+        clone.unpatch_model()
+        dm.img_in.weight_function = []
+        dm.out.bias_function = []
+
+
+def test_quantized_bad_layers_stay_on_comfyuis_path_with_a_reason(comfy, node, kitchen, caplog):
+    """nvfp4, an unknown layout, corrupt scales (NaN, inf, 0, negative, per-channel shape): each
+    layer named with its reason, left to ComfyUI; the model still runs (no crash) and the good
+    layers are served."""
+    base, mp = build_quantized(comfy)
+    dm = base.diffusion_model
+    extra = {}
+    for name, scale in (("nan", float("nan")), ("inf", float("inf")), ("zero", 0.0), ("neg", -0.01),
+                        ("rows", None), ("nvfp4", None), ("unknown", None), ("good", 0.01)):
+        lin = type(dm.img_in)(32, 32)
+        w = torch.randn(32, 32, generator=torch.Generator().manual_seed(3)) * 0.05
+        if name == "nvfp4":
+            qt = kitchen.from_float(w, "TensorCoreNVFP4Layout")
+        else:
+            qt = kitchen.from_float(w, "TensorCoreFP8E4M3Layout", scale=torch.tensor(0.01))
+            if name == "rows":
+                qt._params = dataclasses_replace(qt._params, scale=torch.full((32,), 0.01))
+            elif name == "unknown":
+                qt._layout_cls = "NoSuchLayout"
+            elif scale is not None:
+                qt._params = dataclasses_replace(qt._params, scale=torch.tensor(scale))
+        lin.weight = torch.nn.Parameter(qt, requires_grad=False)
+        lin.quant_format, lin.layout_type = ("nvfp4" if name == "nvfp4" else "float8_e4m3fn"), qt._layout_cls
+        lin.bias = torch.nn.Parameter(torch.zeros(32), requires_grad=False)
+        lin._full_precision_mm = True
+        setattr(dm, f"bad_{name}", lin)
+        extra[name] = lin
+    with caplog.at_level(logging.INFO, logger="TritonKit"):
+        plan = node.plan_model(mp, "auto")
+    text = node.describe(plan)
+    reasons = {n: r for r, names in plan.skipped.items() for n in names}
+    for name in ("nan", "inf", "zero", "neg"):
+        assert reasons[f"bad_{name}"] == "corrupt weight scale (NaN, inf, zero or negative)", reasons
+    assert "weight scale of shape (32,)" in reasons["bad_rows"]
+    assert reasons["bad_nvfp4"] == "TensorCoreNVFP4Layout layout: no Triton kernel for it"
+    assert reasons["bad_unknown"] == "unknown quantized layout 'NoSuchLayout'"
+    assert "bad_good" in plan.layers and QUANT_LAYERS <= set(plan.layers)
+    assert "left on torch: 4 (corrupt weight scale (NaN, inf, zero or negative)): bad_nan, bad_inf, bad_zero, ..." in text
+    assert sum("corrupt weight scale" in r.getMessage() for r in caplog.records) == 1  # logged once
+    clone, _ = node.patch_model(mp, "cast-only")
+    clone.patch_model()
+    try:
+        x = torch.randn(3, 32)
+        for name, lin in extra.items():
+            if name not in ("nan", "inf", "unknown"):  # ComfyUI's own forward on these: finite numbers
+                assert torch.isfinite(lin(x)).all(), name
+        assert run(base, X).shape == (2, 3, 16)
+    finally:
+        clone.unpatch_model()
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+    return dataclasses.replace(obj, **kw)
+
+
+def test_quantized_layers_on_comfy_kitchens_fp8_matmul(comfy, node, kitchen, monkeypatch):
+    """Layers on comfy-kitchen's fp8 matmul (ComfyUI found fp8 compute): every mode but auto on
+    a real sm89+ GPU serves them, switching the clone's layers to the full-precision path;
+    unpatching restores ComfyUI's choice."""
+    base, mp = build_quantized(comfy, fp8_compute=True)
+    dm = base.diffusion_model
+    assert not dm.img_in._full_precision_mm
+    clone, text = node.patch_model(mp, "cast-only")
+    assert "3 taken off comfy-kitchen's fp8 matmul onto the full-precision path" in text, text
+    clone.patch_model()
+    try:
+        assert dm.img_in._full_precision_mm and dm.mid._full_precision_mm
+        node.STATS.reset()
+        out = run(base, X)
+        assert set(node.STATS.layers) == QUANT_LAYERS | {"conv"}
+    finally:
+        clone.unpatch_model()
+    assert not dm.img_in._full_precision_mm
+    ref, _ = build_quantized(comfy)
+    torch.testing.assert_close(out, run(ref, X), rtol=1e-5, atol=1e-6)  # ComfyUI's full-precision path
+    # auto on a (simulated) sm89+ CUDA device keeps comfy-kitchen's fp8 matmul
+    plan = node.Plan(mode="auto", arch=90, device="cuda", compute_dtype=None, fast_fp8=False)
+    q, why = node._plan_quantized(plan, "img_in", dm.img_in, dm.img_in.weight, torch.device("cuda"), "auto", 90)
+    assert q is None and why == "native fp8 matmul (comfy-kitchen's QuantizedTensor linear) kept"
+
+
+def test_quantized_model_compiles_without_graph_breaks(comfy, node, kitchen):
+    from torch._dynamo.utils import counters
+    base, mp = build_quantized(comfy)
+    clone, _ = node.patch_model(mp, "cast-only")
+    clone.patch_model()
+    try:
+        node.STATS.reset()
+        ref = run(base, X)
+        assert set(node.STATS.layers) == QUANT_LAYERS | {"conv"}
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(base.diffusion_model, backend="aot_eager", fullgraph=True)
+        with torch.no_grad():
+            assert torch.equal(compiled(X), ref)
+        assert not counters["graph_break"]
+    finally:
+        clone.unpatch_model()
+        torch._dynamo.reset()
 
 
 def test_arch_override_and_fast_fp8(comfy, node, monkeypatch):
@@ -330,10 +615,19 @@ def forced_server(tmp_path_factory):
     srv.stop()
 
 
+def _loads_comfy_quant() -> bool:
+    from comfy_harness import comfyui_dir
+    p = comfyui_dir() / "comfy" / "utils.py"
+    return p.is_file() and "def convert_old_quants" in p.read_text()
+
+
 @pytest.mark.comfyui
-@pytest.mark.parametrize("variant", ["fp8", "scaled"])
+@pytest.mark.parametrize("variant", ["fp8", "scaled", "quant"])
 def test_real_comfyui_sampling_through_the_kernels(forced_server, variant):
-    """UNETLoader(weight_dtype fp8_e4m3fn, or a legacy scaled-fp8 file) -> Triton fp8 Fallback
+    """UNETLoader(weight_dtype fp8_e4m3fn, or a legacy scaled-fp8 file; on ComfyUI 0.8+ also a
+    file with per-layer comfy_quant metadata mixing e4m3fn, e5m2 (with input scales) and bf16
+    Linear layers, loaded as fp8_e4m3fn so that its norms and conv are legacy fp8 layers in the
+    same model) -> Triton fp8 Fallback
     (Triton forced on CPU: the interpreter) -> KSampler 2 steps, through /prompt; equals the
     unpatched run, and every fp8 layer of the model ran through our kernels. The model is the
     tiny HunyuanVideo: its double/single-stream blocks are Flux's own classes, and at 6 M
@@ -343,7 +637,10 @@ def test_real_comfyui_sampling_through_the_kernels(forced_server, variant):
     from safetensors import safe_open
 
     srv = forced_server
-    info = tm.cached_models(tm.HUNYUAN_VIDEO_TINY_CONFIG, [(FP8, variant == "scaled")])[0]
+    if variant == "quant" and not _loads_comfy_quant():
+        pytest.skip("this ComfyUI (< 0.8) does not load comfy_quant files")
+    scaled = {"fp8": False, "scaled": True, "quant": "comfy_quant"}[variant]
+    info = tm.cached_models(tm.HUNYUAN_VIDEO_TINY_CONFIG, [(FP8, scaled)])[0]
     n_linear = _fp8_linear_weights(info["path"])
     assert n_linear > 10
     name = tm.install_model(info, srv.base / "models")
@@ -365,6 +662,16 @@ def test_real_comfyui_sampling_through_the_kernels(forced_server, variant):
     assert m, text
     n_layers, n_fused = int(m.group(1)), int(m.group(2))
     assert n_fused == n_linear and n_layers >= n_linear, (text, n_linear)
+    q = re.search(r"(\d+) of them ComfyUI QuantizedTensor layers \(([^)]*)\)", text)
+    if variant == "quant" or (variant == "scaled" and _loads_comfy_quant()):  # ComfyUI 0.8+: loaded quantized
+        assert q and int(q.group(1)) == n_linear, text
+    if variant == "quant":
+        fmts = collections.Counter(str(tm.quant_format(k, FP8)).replace("torch.float8_", "")
+                                   for k, _, kind in tm.specs_for(tm.HUNYUAN_VIDEO_TINY_CONFIG) if kind == "linear")
+        fmts.pop("None")
+        assert q.group(2) == ", ".join(f"{k} {v}" for k, v in sorted(fmts.items())), text
+        assert n_layers > n_linear, text  # its fp8 norms and conv: legacy fp8 layers, served too
+    assert "left on torch" not in text, text
     runs = [s for s in SUMMARY.findall(log)]
     assert len(runs) == 1, log[-3000:]
     ran, total, paths, launches, fallbacks = runs[0]
@@ -458,6 +765,59 @@ def test_gpu_auto_on_native_fp8_leaves_compiled_casts_to_inductor(comfy, node, m
                 clone.unpatch_model()
     assert "tritonkit.fp8_decode" not in codes[None] and "fp8e4nv" in codes[None]
     assert "tritonkit.fp8_decode" in codes["86"] and "fp8e4nv" not in codes["86"]
+
+
+@pytest.mark.gpu
+def test_gpu_quantized_layers_bit_exact_and_compiled_without_fp8e4nv(comfy, node, kitchen, monkeypatch, tmp_path):
+    """On this GPU's comfy-kitchen backend: the decode of QuantizedTensor weights equals their
+    dequantize() bit for bit (all codes, awkward scales, every compute dtype the probe matched),
+    and a bf16 model of QuantizedTensor + legacy fp8 layers, as below sm89, runs through the
+    kernels eager and under Inductor with no fp8e4nv in the generated code, no graph break."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+    monkeypatch.delenv("TRITONKIT_FORCE_TRITON_ON_CPU")
+    monkeypatch.setenv("TRITONKIT_FORCE_ARCH", "86")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    import torch._inductor.config as icfg
+    monkeypatch.setattr(icfg, "fx_graph_cache", False)
+    dev = torch.device("cuda")
+    checked = 0
+    for fmt, layout in ((FP8, "TensorCoreFP8E4M3Layout"), (E5M2, "TensorCoreFP8E5M2Layout")):
+        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fmt).reshape(16, 16).to(dev)
+        params = kitchen.from_float(torch.ones(2, 2, device=dev), layout)._params
+        rounding = dict(node.comfy_dequant_rounding(kitchen(codes, layout, params), dev))
+        assert any(v is not None for v in rounding.values()), rounding
+        for dt, rs in rounding.items():
+            if rs is None:
+                continue
+            for sv in AWKWARD_SCALES:
+                p = type(params)(scale=torch.tensor(sv, device=dev), orig_dtype=dt, orig_shape=(16, 16))
+                qt = kitchen(codes, layout, p)
+                cfg = node.LayerConfig(name="l", kind="linear", fused=False, quant=tuple(rounding.items()))
+                got = node._cast_weight(types.SimpleNamespace(weight=qt, weight_function=[]), dt, cfg)
+                assert node._same_bits(got, qt.dequantize()), (fmt, dt, sv, rs)
+                checked += 1
+    assert checked >= 2 * len(AWKWARD_SCALES)
+    base, mp = build_quantized(comfy, compute_dtype=torch.bfloat16, device="cuda")
+    x = X.to(dev, torch.bfloat16)
+    with torch.no_grad():
+        ref = run(base, x)
+        clone, text = node.patch_model(mp, "auto")
+        assert "sm86" in text and "3 of them ComfyUI QuantizedTensor layers" in text, text
+        clone.patch_model(device_to=dev)
+        try:
+            node.STATS.reset()
+            torch.testing.assert_close(run(base, x).float(), ref.float(), rtol=2e-2, atol=2e-2)
+            assert set(node.STATS.layers) == QUANT_LAYERS | {"conv"} and not node.STATS.fallbacks
+            torch._dynamo.reset()
+            counters.clear()
+            out, code = run_and_get_code(torch.compile(base.diffusion_model), x)
+            code = "\n".join(code)
+        finally:
+            clone.unpatch_model()
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    assert "fp8e4nv" not in code and "tritonkit.fp8_decode" in code
+    assert not counters["graph_break"], dict(counters["graph_break"])
 
 
 def _inductor_kernels(code: str) -> dict:

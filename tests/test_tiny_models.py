@@ -1,5 +1,5 @@
-"""Tiny random checkpoints of real architectures (tests/tiny_models.py) in a real ComfyUI 0.3.75
-server (CPU): UNETLoader detects and loads them, the test-only nodes (tests/comfy_test_nodes)
+"""Tiny random checkpoints of real architectures (tests/tiny_models.py) in a real ComfyUI server
+(CPU; 0.3.75 and 0.8.0): UNETLoader detects and loads them, the test-only nodes (tests/comfy_test_nodes)
 feed conditioning and a latent, KSampler runs 2 steps, and the output latent is finite.
 
 The model files are made once per machine in tiny_models.cache_dir() and symlinked into the
@@ -15,11 +15,22 @@ import torch
 from safetensors import safe_open
 
 import tiny_models as tm
-from comfy_harness import TEST_NODES, ComfyServer, comfyui_available, comfyui_dir
+from comfy_harness import TEST_NODES, ComfyServer, comfyui_at_least, comfyui_available, comfyui_dir
 
 pytestmark = pytest.mark.comfyui
 
 FP8 = torch.float8_e4m3fn
+
+# How ComfyUI says it loaded a legacy scaled-fp8 file: 0.3.x keeps it on its scaled-fp8 ops; 0.8.0
+# converts it on load (comfy.utils.convert_old_quants) to QuantizedTensor weights under its
+# mixed-precision ops (the weight dtype it logs is then the compute dtype).
+QUANTIZED_LOAD = "Using mixed precision operations"
+
+
+def _scaled_load_line(scale_input: bool) -> str:
+    if comfyui_at_least("0.8.0"):
+        return QUANTIZED_LOAD
+    return f"Using scaled fp8: fp8 matrix mult: False, scale input: {scale_input}"
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +51,12 @@ def flux_files():
     return dict(zip(("bf16", "fp8", "scaled", "scaledin"), files))
 
 
-def _run(server, prompt, info, steps=2):
+def _run(server, prompt, info, steps=2, count_name="unet"):
     """Adds a call counter after the patch chain and a counters report; runs; returns
-    (latent stats, latent tensor, counters)."""
+    (latent stats, latent tensor, counters). ``count_name`` names the counter; a run that must
+    not share ComfyUI's node cache with a test's own prompt (a reference run) passes another."""
     model_in = prompt[tm.NODE_SAMPLER]["inputs"]["model"]
-    prompt["90"] = {"class_type": "TritonKitTestCountCalls", "inputs": {"model": model_in, "name": "unet"}}
+    prompt["90"] = {"class_type": "TritonKitTestCountCalls", "inputs": {"model": model_in, "name": count_name}}
     prompt["92"] = {"class_type": "TritonKitTestAttentionProbe", "inputs": {"model": ["90", 0], "name": "attn"}}
     prompt[tm.NODE_SAMPLER]["inputs"]["model"] = ["92", 0]
     prompt["91"] = {"class_type": "TritonKitTestCounters", "inputs": {"reset": True, "anything": [tm.NODE_SAMPLER, 0]}}
@@ -121,6 +133,38 @@ def test_streamed_file_equals_state_dict(tmp_path):
             assert rel < (0.04 if dtype == FP8 else 0.08), rel
 
 
+def test_comfy_quant_file(tmp_path):
+    """ComfyUI 0.8's per-layer quantization format: layouts mixed by layer, each quantized Linear
+    with its weight_scale and comfy_quant JSON; the other fp8 format also has an input_scale;
+    the streamed file equals the in-memory state dict; no legacy marker."""
+    cfg = dict(tm.HUNYUAN_VIDEO_TINY_CONFIG, hidden_size=128, num_heads=1)
+    p = tm.write_model(tmp_path / "q.safetensors", cfg, FP8, "comfy_quant", seed=3)["path"]
+    sd = tm.make_state_dict(cfg, FP8, "comfy_quant", seed=3)
+    ref = tm.make_state_dict(cfg, torch.float32, seed=3)
+    assert "scaled_fp8" not in sd
+    seen = set()
+    for name, _, kind in tm.specs_for(cfg):
+        if kind != "linear":
+            continue
+        fmt, layer = tm.quant_format(name, FP8), name[: -len(".weight")]
+        seen.add(fmt)
+        if fmt is None:
+            assert sd[name].dtype == torch.bfloat16 and f"{layer}.comfy_quant" not in sd
+            continue
+        conf = json.loads(bytes(sd[f"{layer}.comfy_quant"].tolist()).decode())
+        assert conf == {"format": str(fmt).replace("torch.", "")} and sd[name].dtype == fmt
+        assert (f"{layer}.input_scale" in sd) == (fmt != FP8)
+        deq = sd[name].float() * sd[f"{layer}.weight_scale"]
+        assert float((deq - ref[name]).norm() / ref[name].norm()) < (0.04 if fmt == FP8 else 0.08)
+    assert seen == {FP8, torch.float8_e5m2, None}
+    with safe_open(p, "pt") as f:
+        assert set(f.keys()) == set(sd)
+        for k in sd:
+            t = f.get_tensor(k)
+            assert torch.equal(t.view(torch.uint8) if t.dtype in tm.FP8_DTYPES else t,
+                               sd[k].view(torch.uint8) if t.dtype in tm.FP8_DTYPES else sd[k]), k
+
+
 # --------------------------------------------------------------------------- in ComfyUI
 @pytest.mark.parametrize("variant,weight_dtype", [("bf16", "default"), ("bf16", "fp8_e4m3fn"),
                                                   ("fp8", "default"), ("scaled", "default"),
@@ -128,6 +172,7 @@ def test_streamed_file_equals_state_dict(tmp_path):
 def test_flux(server, flux_files, variant, weight_dtype):
     info = flux_files[variant]
     name = tm.install_model(info, server.base / "models")
+    start = len(server.log())  # what this test's load logs (the server is shared: any test order)
     stats, latent, counts = _run(server, tm.flux_workflow(name, weight_dtype, steps=2, prefix=f"flux_{variant}"), info)
     assert stats["finite"] and stats["shape"] == [1, 16, 8, 8], stats
     assert latent.shape == (1, 16, 8, 8) and torch.isfinite(latent).all() and latent.std() > 0
@@ -136,12 +181,10 @@ def test_flux(server, flux_files, variant, weight_dtype):
     assert counts["counts"]["attn"] == 4 and counts["counts"]["attn.head_dim.128"] == 4, counts
     assert {(tuple(s["q"]), s["heads"], s["skip_reshape"]) for s in counts["shapes"]["attn"]} == {((1, 24, 24, 128), 24, True)}
     _assert_clean_load(server, name)
-    log = server.log()
+    log = server.log()[start:]
     assert "model_type FLUX" in log
-    if variant == "scaled":
-        assert "Using scaled fp8: fp8 matrix mult: False, scale input: False" in log
-    if variant == "scaledin":
-        assert "Using scaled fp8: fp8 matrix mult: False, scale input: True" in log
+    if variant in ("scaled", "scaledin"):
+        assert _scaled_load_line(variant == "scaledin") in log
 
 
 @pytest.fixture(scope="module")
@@ -159,18 +202,28 @@ def test_hunyuan_video(server, hv_files, variant, weight_dtype):
     info = hv_files[variant]
     name = tm.install_model(info, server.base / "models")
     prompt = tm.hunyuan_video_workflow(name, weight_dtype, frames=2, prefix=f"hv_{variant}_{weight_dtype}")
+    start = len(server.log())  # what this test's load logs (the server is shared: any test order)
     stats, latent, counts = _run(server, prompt, info)
+    log = server.log()[start:]
     assert stats["finite"] and stats["shape"] == [1, 16, 2, 8, 8], stats
     assert torch.isfinite(latent).all() and latent.std() > 0
     HV_LATENTS[(variant, weight_dtype)] = latent
+    if (variant, weight_dtype) != ("bf16", "default") and ("bf16", "default") not in HV_LATENTS:
+        # the reference run, whatever order the tests run in (the tiny model samples in a second)
+        ref_name = tm.install_model(hv_files["bf16"], server.base / "models")
+        HV_LATENTS[("bf16", "default")] = _run(server, tm.hunyuan_video_workflow(
+            ref_name, "default", frames=2, prefix="hv_bf16_default_ref"), hv_files["bf16"],
+            count_name="unet_ref")[1]  # else the bf16-default test's identical prompt comes from the cache
     ref = HV_LATENTS.get(("bf16", "default"))
-    if ref is not None and (variant, weight_dtype) != ("bf16", "default"):
+    if (variant, weight_dtype) != ("bf16", "default"):
         # The same seed gives the same weights in every file: fp8 rounding only moves the result a bit.
         cos = torch.nn.functional.cosine_similarity(latent.flatten(), ref.flatten(), dim=0)
         print(f"cosine vs bf16 {variant}/{weight_dtype}: {float(cos):.5f}")
         assert cos > 0.99, (variant, weight_dtype, float(cos))
-    if weight_dtype == "fp8_e4m3fn" or variant == "scaled":
-        assert "model weight dtype torch.float8_e4m3fn" in server.log()
+    if weight_dtype == "fp8_e4m3fn":
+        assert "model weight dtype torch.float8_e4m3fn" in log
+    if variant == "scaled":
+        assert _scaled_load_line(False) in log
     assert counts["counts"]["unet"] == 2, counts
     # token refiner (2 blocks, text only), 1 double, 1 single block; 2 heads of 128.
     assert counts["counts"]["attn"] == 8 and counts["counts"]["attn.head_dim.128"] == 8, counts

@@ -27,6 +27,10 @@ conv weights stay bf16 as in real fp8 checkpoints. ``scaled_fp8=True`` writes th
 (absmax / fp8-max) and the marker tensor ``scaled_fp8`` of the fp8 dtype with 2 elements
 (ComfyUI then leaves optimizations["fp8"] off: no input scaling); ``scaled_fp8="scale_input"``
 writes a 0-element marker and a ``<layer>.scale_input`` of 1.0 for every Linear instead.
+``scaled_fp8="comfy_quant"`` writes ComfyUI 0.8's quantized format instead: per Linear layer a
+``<layer>.comfy_quant`` (the JSON ``{"format": ...}`` as uint8 bytes) and a float32
+``<layer>.weight_scale``, with the layouts mixed by layer name (see :func:`quant_format`):
+``dtype``, the other fp8 format (those also get an ``input_scale``), or left bf16 unquantized.
 
 Weights: normal(0, 0.02) (biases too), norm scales 1, norm biases 0; each tensor drawn from
 its own generator seeded by (seed, name), so a tensor's values don't depend on the config's
@@ -282,8 +286,33 @@ def _base_tensor(name, shape, kind, seed, device, std):
     return torch.randn(shape, generator=g, dtype=torch.float32, device=device).mul_(std)
 
 
+def quant_format(name: str, dtype):
+    """The layout a Linear weight gets in a ``comfy_quant`` file: by a hash of its name, ``dtype``,
+    the other fp8 format, or None (unquantized, bf16)."""
+    other = torch.float8_e5m2 if dtype == torch.float8_e4m3fn else torch.float8_e4m3fn
+    return (dtype, other, None)[zlib.crc32(name.encode()) % 3]
+
+
+def _comfy_quant_bytes(fmt) -> torch.Tensor:
+    conf = {"format": str(fmt).replace("torch.", "")}
+    return torch.tensor(list(json.dumps(conf).encode("utf-8")), dtype=torch.uint8)
+
+
 def _variant(name, kind, t, dtype, scaled_fp8):
     """The tensors one spec becomes in a file of ``dtype`` (``t``: the float32 base values)."""
+    if kind == "linear" and scaled_fp8 == "comfy_quant":
+        fmt = quant_format(name, dtype)
+        if fmt is None:
+            return [(name, t.to(torch.bfloat16).cpu())]
+        fmax = torch.finfo(fmt).max
+        scale = t.abs().amax().clamp_min(1e-12) / fmax
+        layer = name[: -len(".weight")]
+        out = [(name, (t / scale).clamp_(-fmax, fmax).to(fmt).cpu()),
+               (f"{layer}.weight_scale", scale.reshape(()).to(torch.float32).cpu()),
+               (f"{layer}.comfy_quant", _comfy_quant_bytes(fmt))]
+        if fmt != dtype:
+            out.append((f"{layer}.input_scale", torch.ones((), dtype=torch.float32)))
+        return out
     if kind == "linear" and scaled_fp8:
         fmax = torch.finfo(dtype).max
         scale = t.abs().amax().clamp_min(1e-12) / fmax
@@ -298,8 +327,8 @@ def _variant(name, kind, t, dtype, scaled_fp8):
 
 
 def _check_variant(dtype, scaled_fp8):
-    if scaled_fp8 not in (False, True, "scale_input"):
-        raise ValueError(f"scaled_fp8 must be False, True or 'scale_input', not {scaled_fp8!r}")
+    if scaled_fp8 not in (False, True, "scale_input", "comfy_quant"):
+        raise ValueError(f"scaled_fp8 must be False, True, 'scale_input' or 'comfy_quant', not {scaled_fp8!r}")
     if scaled_fp8 and dtype not in FP8_DTYPES:
         raise ValueError("scaled_fp8 needs an fp8 dtype")
 
@@ -318,7 +347,7 @@ def iter_tensors(cfg: dict, dtype=torch.bfloat16, scaled_fp8: bool = False, seed
     _check_variant(dtype, scaled_fp8)
     for name, shape, kind in specs_for(cfg):
         yield from _variant(name, kind, _base_tensor(name, shape, kind, seed, device, std), dtype, scaled_fp8)
-    if scaled_fp8:
+    if scaled_fp8 and scaled_fp8 != "comfy_quant":
         yield "scaled_fp8", _scaled_marker(dtype, scaled_fp8)
 
 
@@ -351,12 +380,22 @@ def _tensor_meta(cfg, dtype, scaled_fp8):
     """(name, dtype, shape) of every tensor iter_tensors yields, in order, without making any."""
     other = torch.bfloat16 if dtype in FP8_DTYPES else dtype
     for name, shape, kind in specs_for(cfg):
+        if kind == "linear" and scaled_fp8 == "comfy_quant":
+            fmt = quant_format(name, dtype)
+            yield name, (fmt or torch.bfloat16), tuple(shape)
+            if fmt is not None:
+                layer = name[: -len(".weight")]
+                yield f"{layer}.weight_scale", torch.float32, ()
+                yield f"{layer}.comfy_quant", torch.uint8, tuple(_comfy_quant_bytes(fmt).shape)
+                if fmt != dtype:
+                    yield f"{layer}.input_scale", torch.float32, ()
+            continue
         yield name, (dtype if kind == "linear" else other), tuple(shape)
         if kind == "linear" and scaled_fp8:
             yield name[: -len("weight")] + "scale_weight", torch.float32, ()
             if scaled_fp8 == "scale_input":
                 yield name[: -len("weight")] + "scale_input", torch.float32, ()
-    if scaled_fp8:
+    if scaled_fp8 and scaled_fp8 != "comfy_quant":
         yield "scaled_fp8", dtype, tuple(_scaled_marker(dtype, scaled_fp8).shape)
 
 
@@ -459,7 +498,7 @@ def write_models(cfg: dict, targets, seed: int = 0, device="cpu", std: float = I
                 for n, t in _variant(name, kind, base, dtype, scaled):
                     w.add(n, t)
         for w, dtype, scaled in writers:
-            if scaled:
+            if scaled and scaled != "comfy_quant":
                 w.add("scaled_fp8", _scaled_marker(dtype, scaled))
     except BaseException:
         for w, _, _ in writers:
@@ -492,7 +531,7 @@ def _dtype_name(dtype):
 def cached_file_name(cfg: dict, dtype, scaled_fp8=False, seed=0) -> str:
     key = json.dumps([FORMAT_VERSION, describe(cfg), seed, INIT_STD], sort_keys=True)
     h = hashlib.sha1(key.encode()).hexdigest()[:10]
-    sc = {False: "", True: "_scaled", "scale_input": "_scaledin"}[scaled_fp8]
+    sc = {False: "", True: "_scaled", "scale_input": "_scaledin", "comfy_quant": "_quant"}[scaled_fp8]
     return f"tk_{cfg['arch']}_{_dtype_name(dtype)}{sc}_s{seed}_{h}.safetensors"
 
 
