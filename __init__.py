@@ -19,7 +19,7 @@ try:
 except Exception:
     log.exception("TritonKit: could not apply tritonkit_settings.json")
 
-_FEATURES = ("selftest", "attention", "fp8_fallback")
+_FEATURES = ("selftest", "attention", "fp8_fallback", "compile_model")
 
 for _name in _FEATURES:
     try:

@@ -6,6 +6,7 @@
     POST /tritonkit/selftest      runs the vector-add self-test now; 409 while one is running
     GET  /tritonkit/caches        Triton's and TorchInductor's cache folders and their sizes
     POST /tritonkit/caches/clear  empties those folders (never a path from the client)
+    GET  /tritonkit/calibration   what auto measured on this machine's GPUs (choices and timings)
 
 Every answer is JSON; bad input gets a 4xx with an ``error`` message, never a traceback.
 The work runs in a thread, so the server's event loop never waits on Triton or the disk.
@@ -348,8 +349,40 @@ async def post_caches_clear(request):
     return {"ok": ok, "cleared": cleared, "caches": caches}
 
 
+def calibration_info() -> dict:
+    """The calibration files in the store folder (one per GPU / driver / torch / Triton / pack
+    version), with their choices and timings, and the switches that change auto's choice."""
+    from ..kernels import calibration as C
+    from . import calibration as NC  # points the store at ComfyUI's user folder
+    d = C.store_dir()
+    files = []
+    names = sorted(os.listdir(d)) if os.path.isdir(d) else []
+    for name in names:
+        if not (name.startswith("calibration-") and name.endswith(".json")):
+            continue
+        path = os.path.join(d, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            if not isinstance(data, dict) or data.get("format") != C.FORMAT:
+                raise ValueError("not a TritonKit calibration file")
+            files.append({"path": path, "env": data.get("env"), "entries": data.get("entries", {})})
+        except (OSError, ValueError) as e:
+            files.append({"path": path, "error": f"{type(e).__name__}: {e}"})
+    return {"dir": d, "timing": C.timing_enabled(), "counters": dict(C.COUNTERS),
+            "forced": {NC.ATTN_PATH_ENV: NC.forced(NC.ATTN_PATH_ENV, NC.ATTN_PATHS),
+                       NC.FP8_PATH_ENV: NC.forced(NC.FP8_PATH_ENV, NC.FP8_PATHS)},
+            "files": files}
+
+
+async def get_calibration(request):
+    check_query(request)
+    return await _in_thread(calibration_info)
+
+
 ROUTES = {
     "status": {"GET": get_status},
+    "calibration": {"GET": get_calibration},
     "selftest": {"POST": post_selftest},
     "caches": {"GET": get_caches},
     "caches/clear": {"POST": post_caches_clear},

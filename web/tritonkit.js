@@ -20,6 +20,7 @@ const TEXT_NODES = {
   TritonKitSelfTest: { minHeight: 200, label: "report" },
   TritonKitAttention: { minHeight: 56, label: "path" },
   TritonKitFp8Fallback: { minHeight: 56, label: "path" },
+  TritonKitCompileModel: { minHeight: 56, label: "plan" },
 };
 
 // ----------------------------------------------------------------------------------- state

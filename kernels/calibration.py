@@ -1,0 +1,404 @@
+"""Calibration: time a few interchangeable paths once on the user's GPU, keep the fastest, remember it.
+
+The nodes' ``auto`` modes have several ways to run the same call (ComfyUI's SDPA / our exact /
+our 8-bit attention; torch's cast + mm / our decode + mm / our fused fp8 linear). Which is fastest
+depends on the GPU, the driver, torch and Triton, so instead of thresholds measured on one card,
+the first call of a shape class on a device times every allowed candidate on the real tensors
+(:func:`choose`), picks the fastest, and stores the choice with its timings in a JSON file keyed
+by GPU name, compute capability, driver, CUDA, torch, Triton and pack version. Later calls, later
+runs and restarts read the choice and time nothing.
+
+* Store: one file per environment, ``calibration-<id>.json`` in :func:`store_dir` (the
+  ``TRITONKIT_CALIBRATION_DIR`` variable, else the folder the nodes set: ComfyUI's user folder,
+  else a per-user cache folder). Written atomically (a temporary file in the same folder, then
+  ``os.replace``). A file that is not valid JSON, not ours, or written for another environment is
+  ignored with one log line (and replaced on the next write), never an error.
+* ``TRITONKIT_CALIBRATION=0`` switches timing off: calls use the caller's conservative default.
+  A device that can't be timed (CPU, the Triton interpreter) uses the default too.
+* Under ``torch.compile`` tracing nothing is timed: :func:`choose` returns the stored choice or
+  the default (the nodes make the first call of a compiled model eager so it gets calibrated).
+* Timing: CUDA events, a few warm-ups, the median of several repetitions; tests inject a fake
+  timer with :func:`set_timer`.
+
+This module knows nothing of ComfyUI: the nodes install a progress-bar factory
+(:func:`set_progress_factory`) and the folder (:func:`set_base_dir`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Optional
+
+import torch
+
+log = logging.getLogger("TritonKit")
+
+FORMAT = "tritonkit-calibration"
+FORMAT_VERSION = 1
+ENV_ENABLE = "TRITONKIT_CALIBRATION"
+ENV_DIR = "TRITONKIT_CALIBRATION_DIR"
+WARMUP = 2
+REPS = 7
+
+_lock = threading.RLock()
+_stores: dict = {}          # env id -> Store
+_device_env: dict = {}      # str(device) -> env id
+# (str(device), key) -> choice: a plain dict, read under torch.compile tracing without a graph break
+_CHOICES: dict = {}
+_base_dir = None  # a path or a function returning one
+_timer: Optional[Callable] = None
+_progress_factory: Optional[Callable] = None
+_recording: Optional[set] = None
+# calibrations: shape classes timed; timed_runs: candidate timings; autotunes: attention block-config
+# timings (kernels/attention.py); loads: store files read
+COUNTERS = {"calibrations": 0, "timed_runs": 0, "autotunes": 0, "loads": 0}
+_logged: set = set()
+
+
+def _log_once(key: str, msg: str, *args, level=logging.WARNING):
+    if key not in _logged:
+        _logged.add(key)
+        log.log(level, msg, *args)
+
+
+# ----------------------------------------------------------------------------- settings
+
+def timing_enabled() -> bool:
+    return os.environ.get(ENV_ENABLE, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def set_base_dir(path) -> None:
+    """The folder the nodes want the store in (ComfyUI's user folder + /tritonkit): a path, or a
+    function returning one (asked each time, so a folder set after the pack loaded counts)."""
+    global _base_dir
+    _base_dir = path
+
+
+def set_timer(fn: Optional[Callable]) -> None:
+    """Replaces the CUDA-event timer: ``fn(path_name, callable) -> milliseconds``. With a timer set, any
+    device (CPU included) is timed; tests use this with a fake clock."""
+    global _timer
+    _timer = fn
+
+
+def set_progress_factory(fn: Optional[Callable]) -> None:
+    """``fn(total) -> object with update(n)``, shown while a calibration runs (ComfyUI's ProgressBar)."""
+    global _progress_factory
+    _progress_factory = fn
+
+
+def _user_cache_dir() -> str:
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.environ.get("USERPROFILE") or tempfile.gettempdir()
+        return os.path.join(base, "tk", "calibration")  # short: Windows' 260-character limit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tritonkit", "calibration")
+
+
+def store_dir() -> str:
+    env = os.environ.get(ENV_DIR, "").strip()
+    if env:
+        return env
+    base = _base_dir() if callable(_base_dir) else _base_dir
+    return base or _user_cache_dir()
+
+
+def pack_version() -> str:
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+    try:
+        with open(path, encoding="utf-8") as f:
+            m = re.search(r'^version\s*=\s*"([^"]+)"', f.read(), re.M)
+        return m.group(1) if m else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _driver_version() -> str:
+    try:
+        import pynvml  # optional: the driver build (e.g. 570.86.15)
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else str(v)
+    except Exception:  # noqa: BLE001 - pynvml missing or NVML unusable: the CUDA driver API version
+        pass
+    try:
+        return f"cuda-driver-api {torch._C._cuda_getDriverVersion()}"
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def environment(device) -> dict:
+    """What a timing depends on, for ``device``."""
+    import triton
+    dev = torch.device(device)
+    env = {"torch": torch.__version__, "triton": getattr(triton, "__version__", "unknown"),
+           "pack": pack_version(), "device_type": dev.type}
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        env.update(gpu=props.name, cc=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
+                   cuda=torch.version.cuda or "", driver=_driver_version())
+    else:
+        env.update(gpu=dev.type)
+    return env
+
+
+def env_id(env: dict) -> str:
+    return hashlib.sha1(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- store
+
+class Store:
+    """The choices of one environment, mirrored in one JSON file."""
+
+    def __init__(self, directory: str, env: dict):
+        self.env = env
+        self.id = env_id(env)
+        self.path = os.path.join(directory, f"calibration-{self.id}.json")
+        self.entries: dict = {}
+        self._load()
+
+    def _load(self):
+        COUNTERS["loads"] += 1
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            log.warning("TritonKit calibration: ignoring %s (unreadable or not JSON: %s); it will be "
+                        "measured again and rewritten", self.path, e)
+            return
+        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != FORMAT_VERSION:
+            log.warning("TritonKit calibration: ignoring %s (not a TritonKit calibration file of version %s); "
+                        "it will be measured again and rewritten", self.path, FORMAT_VERSION)
+            return
+        if data.get("env") != self.env:
+            log.warning("TritonKit calibration: ignoring %s (measured for another GPU, driver, torch, Triton or "
+                        "pack version); it will be measured again and rewritten", self.path)
+            return
+        entries = data.get("entries")
+        if not isinstance(entries, dict):
+            log.warning("TritonKit calibration: ignoring %s (no entries)", self.path)
+            return
+        self.entries = {k: v for k, v in entries.items() if isinstance(v, dict)}
+
+    def get(self, key: str) -> Optional[dict]:
+        return self.entries.get(key)
+
+    def put(self, key: str, entry: dict) -> None:
+        self.entries[key] = entry
+        self.save()
+
+    def save(self) -> None:
+        data = {"format": FORMAT, "version": FORMAT_VERSION, "env": self.env, "entries": self.entries}
+        directory = os.path.dirname(self.path)
+        tmp = None
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".calibration-", suffix=".tmp", dir=directory)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+            tmp = None
+        except OSError as e:
+            _log_once("save:" + self.path, "TritonKit calibration: could not write %s (%s); choices are kept "
+                      "for this process only", self.path, e)
+        finally:
+            if tmp is not None and os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def store_for(device) -> Store:
+    dkey = str(torch.device(device))
+    with _lock:
+        eid = _device_env.get(dkey)
+        if eid is not None and eid in _stores and os.path.dirname(_stores[eid].path) == store_dir():
+            return _stores[eid]
+        env = environment(device)
+        st = Store(store_dir(), env)
+        _stores[st.id] = st
+        _device_env[dkey] = st.id
+        for k, v in st.entries.items():
+            if "choice" in v:
+                _CHOICES[(dkey, k)] = v["choice"]
+        return st
+
+
+def reset() -> None:
+    """Forget every loaded store and choice in memory (tests; a changed folder)."""
+    with _lock:
+        _stores.clear()
+        _device_env.clear()
+        _CHOICES.clear()
+        _logged.clear()
+        for k in COUNTERS:
+            COUNTERS[k] = 0
+
+
+def snapshot() -> dict:
+    """Every loaded store: path, environment, entries (for the route and the benchmarks)."""
+    with _lock:
+        return {"dir": store_dir(), "timing": timing_enabled(),
+                "stores": [{"path": s.path, "env": s.env, "entries": dict(s.entries)} for s in _stores.values()]}
+
+
+def stored_choices(device) -> dict:
+    """key -> entry of ``device``'s store (loads it)."""
+    return dict(store_for(device).entries)
+
+
+# ----------------------------------------------------------------------------- timing
+
+_flush_buffers: dict = {}
+
+
+def _l2_flush_buffer() -> torch.Tensor:
+    """A buffer twice the L2 cache of the current GPU: zeroed before each timed call, so every
+    candidate reads its weights from memory as it does inside a model, not from a warm L2."""
+    dev = torch.cuda.current_device()
+    buf = _flush_buffers.get(dev)
+    if buf is None:
+        l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20)
+        buf = _flush_buffers[dev] = torch.empty(2 * l2, dtype=torch.int8, device=f"cuda:{dev}")
+    return buf
+
+
+def cuda_timer(fn: Callable, warmup: int = WARMUP, reps: int = REPS) -> float:
+    """Median milliseconds of ``fn()`` measured with CUDA events after ``warmup`` calls, the L2
+    cache flushed before each timed call."""
+    for _ in range(warmup):
+        fn()
+    flush = _l2_flush_buffer()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def can_time(device) -> bool:
+    if _timer is not None:
+        return True
+    dev = torch.device(device)
+    return dev.type == "cuda" and not _interpreter() and torch.cuda.is_available()
+
+
+def _compiling() -> bool:
+    try:
+        return torch.compiler.is_compiling()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class recording:
+    """Context manager: collects the keys :func:`choose` is asked for (the nodes keep, per model
+    input signature, which shape classes a run needs)."""
+
+    def __enter__(self):
+        global _recording
+        self.keys = set()
+        self._prev = _recording
+        _recording = self.keys
+        return self.keys
+
+    def __exit__(self, *exc):
+        global _recording
+        _recording = self._prev
+        return False
+
+
+def lookup(device, key: str) -> Optional[str]:
+    """The stored choice for ``key`` on ``device``, from memory only (safe while tracing)."""
+    return _CHOICES.get((str(device), key))
+
+
+def choose(device, key: str, candidates: dict, default: str, *, what: str = "") -> str:
+    """The path to use for the shape class ``key`` on ``device``.
+
+    ``candidates`` maps each allowed path name to a no-argument callable running the call that
+    way (only paths whose accuracy the caller allows). The stored choice when there is one;
+    else, where timing is possible and allowed, every candidate is timed once here and the
+    fastest is stored; else ``default``."""
+    if default not in candidates:
+        raise ValueError(f"default {default!r} is not among the candidates {list(candidates)}")
+    if _compiling():
+        hit = _CHOICES.get((str(device), key))
+        return hit if hit in candidates else default
+    if len(candidates) == 1:
+        return default
+    if _recording is not None:
+        _recording.add(key)
+    dkey = str(torch.device(device))
+    hit = _CHOICES.get((dkey, key))
+    if hit in candidates:
+        return hit
+    if not timing_enabled() or not can_time(device):
+        return default
+    with _lock:
+        st = store_for(device)
+        hit = _CHOICES.get((dkey, key))
+        if hit in candidates:
+            return hit
+        bar = _progress_factory(len(candidates)) if _progress_factory is not None else None
+        timings, errors = {}, {}
+        t0 = time.perf_counter()
+        for name, fn in candidates.items():
+            try:
+                timings[name] = float(_timer(name, fn) if _timer is not None else cuda_timer(fn))
+                COUNTERS["timed_runs"] += 1
+            except Exception as e:  # noqa: BLE001 - a path that fails here is simply not chosen
+                errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            if bar is not None:
+                bar.update(1)
+        choice = min(timings, key=timings.get) if timings else default
+        entry = {"choice": choice, "default": default, "timings_ms": {k: round(v, 5) for k, v in timings.items()},
+                 "what": what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if errors:
+            entry["errors"] = errors
+        COUNTERS["calibrations"] += 1
+        _CHOICES[(dkey, key)] = choice
+        st.put(key, entry)
+        log.info("TritonKit calibration on %s: %s -> %s (%s; %.1f s, stored in %s)", st.env.get("gpu"), what or key,
+                 choice, ", ".join(f"{k} {v:.3f} ms" for k, v in timings.items()) or "no candidate ran",
+                 time.perf_counter() - t0, st.path)
+        return choice
+
+
+def remember(device, key: str, value: dict) -> None:
+    """Stores a record that is not a timed choice (the attention autotune pick, run signatures)."""
+    if _compiling():
+        return
+    with _lock:
+        st = store_for(device)
+        st.put(key, value)
+
+
+def recall(device, key: str) -> Optional[dict]:
+    if _compiling():
+        return None
+    with _lock:
+        return store_for(device).get(key)
+
+
+def pow2_bucket(n: int, lo: int = 1, hi: int = 1 << 20) -> int:
+    """The power of two at or above ``n``, clamped to [lo, hi]: the token / key-length bucket."""
+    n = max(lo, min(int(n), hi))
+    return 1 << (n - 1).bit_length()

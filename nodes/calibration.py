@@ -1,0 +1,220 @@
+"""ComfyUI side of the calibration (kernels/calibration.py): where the store lives, the progress
+bar, forcing a path, the fp8 linear chooser, the first call of a compiled model, and the text
+the nodes show.
+
+* Store folder: ``<ComfyUI user folder>/tritonkit`` (survives updates of the pack, and on a
+  Windows portable install it sits inside the portable folder, far from the 260-character
+  limit); ``TRITONKIT_CALIBRATION_DIR`` wins.
+* ``TRITONKIT_ATTN_PATH=sdpa|exact|int8`` and ``TRITONKIT_FP8_PATH=torch|decode|fused`` force a
+  path in the nodes' ``auto`` mode (where the call allows it); ``TRITONKIT_CALIBRATION=0``
+  switches timing off (the conservative defaults).
+* Under ``TorchCompileModel`` nothing can be timed inside the traced graph, so an APPLY_MODEL
+  wrapper makes the first call of a compiled model with a new input signature run eagerly
+  (``torch.compiler.set_stance("force_eager")``): that call calibrates every shape class it
+  meets, the signature and its shape classes are stored, and the next call compiles with the
+  stored choices. A later process that finds them stored runs compiled from the first call.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+
+from ..kernels import calibration as C
+
+log = logging.getLogger("TritonKit")
+
+ATTN_PATH_ENV = "TRITONKIT_ATTN_PATH"
+FP8_PATH_ENV = "TRITONKIT_FP8_PATH"
+ATTN_PATHS = {"sdpa": "comfy", "comfy": "comfy", "exact": "exact", "int8": "int8", "8-bit": "int8"}
+FP8_PATHS = {"torch": "torch", "decode": "decode", "fused": "fused", "fused-linear": "fused"}
+WRAPPER_KEY = "tritonkit_calibration"
+COMPILE_KEY = "torch.compile"  # comfy_api/torch_helpers/torch_compile.py
+
+_logged: set = set()
+
+
+def _log_once(key, msg, *args, level=logging.WARNING):
+    if key not in _logged:
+        _logged.add(key)
+        log.log(level, msg, *args)
+
+
+def setup() -> None:
+    """Points the store at ComfyUI's user folder and shows ComfyUI's progress bar while timing
+    (each where ComfyUI is importable)."""
+    try:
+        import folder_paths
+        C.set_base_dir(lambda: os.path.join(folder_paths.get_user_directory(), "tritonkit"))
+    except Exception:  # noqa: BLE001 - outside ComfyUI: the per-user cache folder
+        pass
+    try:
+        import comfy.utils
+        C.set_progress_factory(lambda total: comfy.utils.ProgressBar(total))
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def forced(env: str, table: dict) -> Optional[str]:
+    """The path the user forces through ``env`` (None when unset); an unknown value is logged once."""
+    raw = os.environ.get(env, "").strip().lower()
+    if not raw or raw == "auto":
+        return None
+    if raw not in table:
+        _log_once("bad:" + env + raw, "TritonKit: %s=%s is not one of %s; ignored", env, raw,
+                  ", ".join(sorted(set(table))))
+        return None
+    return table[raw]
+
+
+def pick(device, key: str, candidates: dict, default: str, env: str, table: dict, what: str) -> str:
+    """The forced path when it is a candidate here, else the calibrated (or default) one."""
+    f = None if torch.compiler.is_compiling() else forced(env, table)
+    if f is not None:
+        if f in candidates:
+            return f
+        _log_once("notallowed:" + env + f + key, "TritonKit: %s=%s is not possible for %s; using %s", env, f, what,
+                  default)
+    return C.choose(device, key, candidates, default, what=what)
+
+
+# ----------------------------------------------------------------------------- fp8 linear
+
+def fp8_linear_key(m, x, allowed, cc=None) -> str:
+    w = m.weight
+    K = x.shape[-1]
+    M = x.numel() // max(1, K)
+    where = f"sm{cc}" if cc is not None else x.device.type
+    return (f"fp8_linear|{where}|N{w.shape[0]}|K{w.shape[1]}|{str(w.dtype).replace('torch.', '')}"
+            f"|{str(x.dtype).replace('torch.', '')}|M{C.pow2_bucket(M)}|scaled{int(getattr(m, 'scale_weight', None) is not None)}"
+            f"|bias{int(m.bias is not None)}|{','.join(sorted(allowed))}")
+
+
+def fp8_linear_path(m, x, default: str, runs: dict, cc=None) -> str:
+    """'torch' / 'decode' / 'fused' for this call of an fp8 Linear (``runs``: path -> callable,
+    only the paths this call allows; ``cc``: the compute capability the paths are chosen for)."""
+    key = fp8_linear_key(m, x, runs, cc)
+    return pick(x.device, key, runs, default, FP8_PATH_ENV, FP8_PATHS,
+                f"fp8 linear {m.weight.shape[0]}x{m.weight.shape[1]} at {C.pow2_bucket(x.numel() // max(1, x.shape[-1]))} tokens")
+
+
+# ----------------------------------------------------------------------------- attention
+
+# Whether torch's SDPA may use its cuDNN backend (it changes what "ComfyUI's attention" costs; the
+# benchmarks switch it off to run as on an sm86). Read in eager code only (the APPLY_MODEL wrapper
+# refreshes it before every model call), so the key needs no torch._C call inside a traced graph.
+_sdpa_cudnn: Optional[bool] = None
+
+
+def refresh_backend_state() -> None:
+    global _sdpa_cudnn
+    try:
+        _sdpa_cudnn = bool(torch.backends.cuda.cudnn_sdp_enabled())
+    except Exception:  # noqa: BLE001 - an old torch
+        _sdpa_cudnn = None
+
+
+def attention_key(func_name, q, k, heads, bhld, mask, allowed, cc=None) -> str:
+    if not torch.compiler.is_compiling():
+        refresh_backend_state()
+    D = q.shape[-1] if bhld else q.shape[-1] // heads
+    Lq = q.shape[-2] if bhld else q.shape[1]
+    Lk = k.shape[-2] if bhld else k.shape[1]
+    mk = "none" if mask is None else f"{'bool' if mask.dtype == torch.bool else 'add'}{mask.ndim}"
+    where = f"sm{cc}" if cc is not None else q.device.type
+    if q.device.type == "cuda" and _sdpa_cudnn is not None:
+        where += "+cudnn-sdpa" if _sdpa_cudnn else "-cudnn-sdpa"
+    return (f"attention|{where}|{func_name}|{str(q.dtype).replace('torch.', '')}|D{D}|H{heads}"
+            f"|Lq{C.pow2_bucket(Lq)}|Lk{C.pow2_bucket(Lk)}|mask-{mk}|{'bhld' if bhld else 'bld'}"
+            f"|{','.join(sorted(allowed))}")
+
+
+# ----------------------------------------------------------------------------- compiled models
+
+def _signature(x, args, kwargs) -> str:
+    parts = [f"x{tuple(x.shape)}{str(x.dtype).replace('torch.', '')}"]
+    for name, v in list(enumerate(args)) + sorted(kwargs.items(), key=lambda kv: str(kv[0])):
+        if isinstance(v, torch.Tensor):
+            parts.append(f"{name}{tuple(v.shape)}")
+    return "|".join(parts)
+
+
+def _compiled(transformer_options) -> bool:
+    wrappers = (transformer_options or {}).get("wrappers", {})
+    try:
+        import comfy.patcher_extension
+        apply = wrappers.get(comfy.patcher_extension.WrappersMP.APPLY_MODEL, {})
+    except Exception:  # noqa: BLE001
+        return False
+    return bool(apply.get(COMPILE_KEY))
+
+
+def calibrated_first_call(executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options=None,
+                          **kwargs):
+    """APPLY_MODEL wrapper: see the module docstring."""
+    call = lambda: executor(x, t, c_concat, c_crossattn, control, transformer_options, **kwargs)  # noqa: E731
+    refresh_backend_state()
+    if (not isinstance(x, torch.Tensor) or not _compiled(transformer_options) or not C.timing_enabled()
+            or not C.can_time(x.device) or not hasattr(torch.compiler, "set_stance")):
+        return call()
+    model_name = type(getattr(executor, "class_obj", None)).__name__
+    sig = f"run|{model_name}|" + _signature(x, (c_concat, c_crossattn), kwargs)
+    rec = C.recall(x.device, sig)
+    if isinstance(rec, dict) and all(C.lookup(torch.device(x.device), k) is not None for k in rec.get("keys", [])):
+        return call()
+    log.info("TritonKit calibration: the first call of this compiled model (%s) runs eagerly to measure its "
+             "paths on this GPU; later calls run compiled", model_name)
+    with C.recording() as keys, torch.compiler.set_stance("force_eager"):
+        out = call()
+    C.remember(x.device, sig, {"keys": sorted(keys)})
+    return out
+
+
+def add_wrapper(model) -> None:
+    """Adds :func:`calibrated_first_call` to ``model`` (a clone) once (a ComfyUI ModelPatcher;
+    anything else is left alone)."""
+    try:
+        import comfy.patcher_extension
+    except ImportError:
+        return
+    if not hasattr(model, "add_wrapper_with_key"):
+        return
+    wt = comfy.patcher_extension.WrappersMP.APPLY_MODEL
+    model.remove_wrappers_with_key(wt, WRAPPER_KEY)
+    model.add_wrapper_with_key(wt, WRAPPER_KEY, calibrated_first_call)
+
+
+# ----------------------------------------------------------------------------- text
+
+def describe(device, prefix: str) -> list[str]:
+    """Lines for the node's text: how auto chooses here and what is stored for this GPU."""
+    dev = torch.device(device) if device is not None else None
+    if dev is None:
+        return []
+    lines = []
+    if not C.timing_enabled():
+        lines.append(f"calibration off ({C.ENV_ENABLE}=0): auto uses the conservative defaults")
+        return lines
+    if not C.can_time(dev):
+        lines.append("calibration: this device can't be timed; auto uses the conservative defaults")
+        return lines
+    try:
+        entries = {k: v for k, v in C.stored_choices(dev).items() if k.startswith(prefix) and "choice" in v}
+    except Exception as e:  # noqa: BLE001 - the text must never fail the node
+        return [f"calibration store unavailable ({type(e).__name__}: {e})"]
+    if not entries:
+        lines.append(f"calibration: each new shape class is timed once on this GPU at its first call "
+                     f"(stored in {C.store_dir()})")
+        return lines
+    lines.append(f"calibration: {len(entries)} shape classes measured on this GPU ({C.store_dir()}):")
+    for k, v in sorted(entries.items())[:12]:
+        t = ", ".join(f"{n} {ms:.3f} ms" for n, ms in v.get("timings_ms", {}).items())
+        lines.append(f"  {v.get('what') or k} -> {v['choice']} ({t})")
+    if len(entries) > 12:
+        lines.append(f"  ... {len(entries) - 12} more at GET /tritonkit/calibration")
+    return lines
+
+
+setup()

@@ -1,0 +1,452 @@
+"""Calibration (kernels/calibration.py, nodes/calibration.py) on the CPU with a fake timer: the
+fastest allowed path is chosen, 8-bit only where allowed, choices survive a restart (a second
+process times nothing), bad files are ignored with a log line, writes are atomic, and a compiled
+model reads the stored choices without graph breaks."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from tritonkit.kernels import calibration as C
+from tritonkit.nodes import attention as N
+from tritonkit.nodes import calibration as NC
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+
+
+class FakeTimer:
+    """``timer(name, fn)``: a fixed time per path name, counted; never runs fn (fast)."""
+
+    def __init__(self, times: dict):
+        self.times = times
+        self.asked = []
+
+    def __call__(self, name, fn):
+        self.asked.append(name)
+        t = self.times[name]
+        if isinstance(t, Exception):
+            raise t
+        return t
+
+
+@pytest.fixture(autouse=True)
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv(C.ENV_DIR, str(tmp_path / "calib"))
+    for var in (C.ENV_ENABLE, NC.ATTN_PATH_ENV, NC.FP8_PATH_ENV, "TRITONKIT_FORCE_ARCH"):
+        monkeypatch.delenv(var, raising=False)
+    C.reset()
+    N.reset_stats()
+    N._logged.clear()
+    NC._logged.clear()
+    yield tmp_path / "calib"
+    C.set_timer(None)
+    C.reset()
+
+
+def store_file(d: Path) -> Path:
+    [f] = list(d.glob("calibration-*.json"))
+    return f
+
+
+def noop():
+    return None
+
+
+CANDS = {"comfy": noop, "exact": noop, "int8": noop}
+
+
+# ----------------------------------------------------------------------------- the chooser
+
+def test_picks_fastest_and_stores_it(store):
+    t = FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0})
+    C.set_timer(t)
+    assert C.choose(CPU, "k1", CANDS, "comfy", what="k one") == "exact"
+    assert sorted(t.asked) == ["comfy", "exact", "int8"]
+    data = json.loads(store_file(store).read_text())
+    assert data["format"] == C.FORMAT and data["env"] == C.environment(CPU)
+    e = data["entries"]["k1"]
+    assert e["choice"] == "exact" and e["timings_ms"] == {"comfy": 3.0, "exact": 1.0, "int8": 2.0}
+    assert e["default"] == "comfy"
+    # second call: stored, no timing
+    assert C.choose(CPU, "k1", CANDS, "comfy") == "exact"
+    assert len(t.asked) == 3 and C.COUNTERS["calibrations"] == 1
+
+
+def test_failing_candidate_is_not_chosen(store):
+    C.set_timer(FakeTimer({"comfy": 3.0, "exact": RuntimeError("out of resources"), "int8": 2.0}))
+    assert C.choose(CPU, "k", CANDS, "exact") == "int8"
+    e = json.loads(store_file(store).read_text())["entries"]["k"]
+    assert "exact" in e["errors"] and "out of resources" in e["errors"]["exact"]
+
+
+def test_default_without_timing(store, monkeypatch):
+    # CPU without an injected timer: can't be timed -> the default, nothing written
+    assert not C.can_time(CPU)
+    assert C.choose(CPU, "k", CANDS, "int8") == "int8"
+    assert not store.exists()
+    # TRITONKIT_CALIBRATION=0: the default even where a timer exists
+    t = FakeTimer({"comfy": 1.0, "exact": 2.0, "int8": 3.0})
+    C.set_timer(t)
+    monkeypatch.setenv(C.ENV_ENABLE, "0")
+    assert C.choose(CPU, "k", CANDS, "exact") == "exact"
+    assert t.asked == [] and not store.exists()
+    with pytest.raises(ValueError, match="default"):
+        C.choose(CPU, "k", CANDS, "nope")
+
+
+def _second_process(store_dir: Path, key: str) -> dict:
+    script = textwrap.dedent(f"""
+        import json, sys, types
+        pkg = types.ModuleType("tritonkit"); pkg.__path__ = [{str(REPO)!r}]; sys.modules["tritonkit"] = pkg
+        from tritonkit.kernels import calibration as C
+        asked = []
+        C.set_timer(lambda name, fn: asked.append(name) or 1.0)
+        cands = {{"comfy": lambda: None, "exact": lambda: None, "int8": lambda: None}}
+        choice = C.choose("cpu", {key!r}, cands, "comfy")
+        print(json.dumps({{"choice": choice, "asked": asked, "counters": C.COUNTERS}}))
+    """)
+    env = {**os.environ, C.ENV_DIR: str(store_dir)}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+def test_choice_survives_a_restart_without_timing(store):
+    C.set_timer(FakeTimer({"comfy": 3.0, "exact": 2.0, "int8": 0.5}))
+    assert C.choose(CPU, "attention|x", CANDS, "comfy") == "int8"
+    out, _ = _second_process(store, "attention|x")
+    assert out["choice"] == "int8"
+    assert out["asked"] == [] and out["counters"]["timed_runs"] == 0 and out["counters"]["calibrations"] == 0
+    # a key the first process never measured is timed there (the fake timer answers 1.0 for all: first wins)
+    out, _ = _second_process(store, "attention|other")
+    assert out["asked"] == ["comfy", "exact", "int8"]
+
+
+@pytest.mark.parametrize("content, words", [
+    ("{not json", "not JSON"),
+    (json.dumps({"format": "something-else", "version": 1, "entries": {}}), "not a TritonKit calibration file"),
+    ("[1, 2, 3]", "not a TritonKit calibration file"),
+    (None, "another GPU"),   # right format, another environment
+])
+def test_bad_files_are_ignored_with_a_log_line(store, caplog, content, words):
+    C.set_timer(FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0}))
+    C.choose(CPU, "k", CANDS, "comfy")
+    path = store_file(store)
+    if content is None:
+        data = json.loads(path.read_text())
+        data["env"] = {**data["env"], "gpu": "NVIDIA GeForce RTX 3090", "driver": "555.42"}
+        data["entries"]["k"]["choice"] = "int8"
+        content = json.dumps(data)
+    path.write_text(content)
+    C.reset()
+    t = FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0})
+    C.set_timer(t)
+    with caplog.at_level(logging.WARNING, logger="TritonKit"):
+        assert C.choose(CPU, "k", CANDS, "comfy") == "exact"   # measured again, not read from the bad file
+    msgs = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert len(msgs) == 1 and words in msgs[0] and str(path) in msgs[0]
+    assert len(t.asked) == 3
+    assert json.loads(path.read_text())["entries"]["k"]["choice"] == "exact"  # rewritten, valid
+
+
+def test_writes_are_atomic(store, monkeypatch):
+    C.set_timer(FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0}))
+    C.choose(CPU, "k1", CANDS, "comfy")
+    path = store_file(store)
+    before = path.read_text()
+
+    def broken_dump(obj, f, **kw):
+        f.write('{"format": "tritonkit-calib')   # half a file, then the disk fills up
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(C.json, "dump", broken_dump)
+    assert C.choose(CPU, "k2", CANDS, "comfy") == "exact"  # still chosen, kept in memory
+    assert path.read_text() == before                         # the old file intact
+    assert [p.name for p in store.iterdir()] == [path.name]   # no temporary file left behind
+
+
+def test_forced_path_env(store, monkeypatch, caplog):
+    t = FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0})
+    C.set_timer(t)
+    monkeypatch.setenv(NC.ATTN_PATH_ENV, "sdpa")
+    assert NC.pick(CPU, "k", dict(CANDS), "exact", NC.ATTN_PATH_ENV, NC.ATTN_PATHS, "x") == "comfy"
+    assert t.asked == []
+    monkeypatch.setenv(NC.ATTN_PATH_ENV, "int8")
+    with caplog.at_level(logging.WARNING, logger="TritonKit"):
+        # not allowed for this call (e.g. attn_precision=fp32): calibrated among the allowed ones
+        assert NC.pick(CPU, "k", {"comfy": noop, "exact": noop}, "exact", NC.ATTN_PATH_ENV, NC.ATTN_PATHS,
+                       "x") == "exact"
+    assert any("not possible" in r.getMessage() for r in caplog.records)
+
+
+# ----------------------------------------------------------------------------- attention node
+
+def qkv(L=32, H=2, D=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, L, H * D, generator=g) for _ in range(3))
+
+
+def sdpa_backend(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False, skip_output_reshape=False,
+                 **kwargs):
+    b, _, hd = q.shape
+    dh = hd // heads
+    q, k, v = (t.view(b, -1, heads, dh).transpose(1, 2) for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    return out.transpose(1, 2).reshape(b, -1, heads * dh)
+
+
+@pytest.fixture
+def forced_cpu(monkeypatch):
+    monkeypatch.setenv("TRITONKIT_FORCE_TRITON_ON_CPU", "1")
+
+
+def test_attention_auto_uses_the_measured_path(store, forced_cpu):
+    q, k, v = qkv()
+    ov = N.make_override("auto")
+    t = FakeTimer({"comfy": 0.5, "exact": 1.0, "int8": 2.0})
+    C.set_timer(t)
+    calls = []
+    func = lambda *a, **kw: calls.append(1) or sdpa_backend(*a, **kw)  # noqa: E731
+    func.__name__ = "attention_pytorch"
+    out = ov(func, q, k, v, 2)
+    assert sorted(t.asked) == ["comfy", "exact", "int8"]
+    torch.testing.assert_close(out, sdpa_backend(q, k, v, 2))
+    assert calls and N.stats()["fallback"] == 1
+    # exact fastest for another shape class: our kernel serves it
+    q2, k2, v2 = qkv(L=80, seed=1)
+    C.set_timer(FakeTimer({"comfy": 2.0, "exact": 1.0, "int8": 3.0}))
+    out = ov(func, q2, k2, v2, 2)
+    torch.testing.assert_close(out, sdpa_backend(q2, k2, v2, 2), rtol=1e-4, atol=1e-4)
+    assert N.stats()["served_exact"] == 1
+    entries = C.stored_choices(CPU)
+    assert {e["choice"] for k_, e in entries.items() if k_.startswith("attention|")} == {"comfy", "exact"}
+
+
+def test_attention_8bit_never_picked_when_not_allowed(store, forced_cpu):
+    q, k, v = qkv()
+    t = FakeTimer({"comfy": 3.0, "exact": 2.0, "int8": 0.1})  # 8-bit would win on time
+    C.set_timer(t)
+    ov = N.make_override("auto")
+    ov(sdpa_backend, q, k, v, 2, attn_precision=torch.float32)
+    ov(sdpa_backend, q, k, v, 2, low_precision_attention=False)
+    assert "int8" not in t.asked and N.stats()["served_int8"] == 0 and N.stats()["served_exact"] == 2
+    # the exact mode never calibrates (and never runs 8-bit)
+    t.asked.clear()
+    N.make_override("exact")(sdpa_backend, q, k, v, 2)
+    assert t.asked == [] and N.stats()["served_int8"] == 0
+
+
+def test_attention_default_without_timing(store, forced_cpu):
+    """No timer on the CPU: the conservative constants (exact for a short sequence), nothing stored."""
+    q, k, v = qkv()
+    N.make_override("auto")(sdpa_backend, q, k, v, 2)
+    assert N.stats()["served_exact"] == 1 and not store.exists()
+
+
+def test_describe_shows_measured_choices(store, forced_cpu):
+    C.set_timer(FakeTimer({"comfy": 0.5, "exact": 1.0, "int8": 2.0}))
+    q, k, v = qkv()
+    N.make_override("auto")(sdpa_backend, q, k, v, 2)
+
+    class M:
+        load_device = torch.device("cpu")
+
+    text = N.describe("auto", M())
+    assert "1 shape classes measured" in text and "-> comfy (comfy 0.500 ms, exact 1.000 ms, int8 2.000 ms)" in text
+
+
+# ----------------------------------------------------------------------------- torch.compile
+
+class Tiny(torch.nn.Module):
+    def __init__(self, ov):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+        self.ov = ov
+
+    def forward(self, x):
+        h = self.lin(x)
+        return self.ov(sdpa_backend, h, h, h, 2)
+
+
+def test_compiled_model_reads_stored_choices_without_graph_breaks(store, forced_cpu):
+    torch.manual_seed(0)
+    model = Tiny(N.make_override("auto"))
+    x = torch.randn(1, 32, 32)
+    t = FakeTimer({"comfy": 0.5, "exact": 1.0, "int8": 2.0})
+    C.set_timer(t)
+    with torch.no_grad():
+        ref = model(x)                       # the first (eager) call calibrates
+        assert len(t.asked) == 3
+        torch._dynamo.reset()
+        try:
+            compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # a graph break raises
+            out = compiled(x)
+        finally:
+            torch._dynamo.reset()
+    torch.testing.assert_close(out, ref)
+    assert len(t.asked) == 3                 # nothing timed while tracing
+
+
+@pytest.fixture(scope="module")
+def comfy():
+    path = str(os.environ.get("TK_COMFYUI", REPO / ".comfyui"))
+    if not os.path.isfile(os.path.join(path, "comfy", "patcher_extension.py")):
+        pytest.skip("ComfyUI sources are not in .comfyui (scripts/setup_env.sh)")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import comfy.cli_args
+    if not torch.cuda.is_available():
+        comfy.cli_args.args.cpu = True
+    import comfy.ops
+    import comfy.patcher_extension
+    return comfy
+
+
+class Executor:
+    """What ComfyUI hands an APPLY_MODEL wrapper: calls the (compiled) model."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.class_obj = self
+
+    def __call__(self, x, t, c_concat, c_crossattn, control, transformer_options, **kwargs):
+        return self.fn(x)
+
+
+def test_first_call_of_a_compiled_model_is_eager_and_calibrates(store, forced_cpu, comfy):
+    torch.manual_seed(0)
+    model = Tiny(N.make_override("auto"))
+    x = torch.randn(1, 32, 32)
+    topts = {"wrappers": {comfy.patcher_extension.WrappersMP.APPLY_MODEL: {NC.COMPILE_KEY: [object()]}}}
+    t = FakeTimer({"comfy": 0.5, "exact": 1.0, "int8": 2.0})   # the default here would be exact
+    C.set_timer(t)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        ex = Executor(compiled)
+        with torch.no_grad():
+            ref = sdpa_backend(*(model.lin(x),) * 3, 2)
+            out1 = NC.calibrated_first_call(ex, x, None, None, None, None, topts)   # eager, calibrates
+            assert len(t.asked) == 3 and N.stats()["fallback"] == 1
+            out2 = NC.calibrated_first_call(ex, x, None, None, None, None, topts)   # compiled, stored choice
+            assert len(t.asked) == 3
+            # a restart: memory forgotten, the store on disk says the signature is calibrated
+            C.reset()
+            C.set_timer(t)
+            out3 = NC.calibrated_first_call(ex, x, None, None, None, None, topts)
+            assert len(t.asked) == 3
+    finally:
+        torch._dynamo.reset()
+    for o in (out1, out2, out3):
+        torch.testing.assert_close(o, ref, rtol=1e-4, atol=1e-4)
+    entries = C.stored_choices(CPU)
+    [run] = [v for k_, v in entries.items() if k_.startswith("run|")]
+    assert len(run["keys"]) == 1 and run["keys"][0].startswith("attention|")
+
+
+# ----------------------------------------------------------------------------- fp8 linear
+
+def test_fp8_linear_uses_the_measured_path(store, forced_cpu, comfy):
+    from tritonkit.nodes import fp8_fallback as F
+    g = torch.Generator().manual_seed(0)
+    lin = comfy.ops.manual_cast.Linear(32, 16, dtype=torch.float8_e4m3fn)
+    lin.weight = torch.nn.Parameter((torch.randn(16, 32, generator=g) * 0.2).to(torch.float8_e4m3fn),
+                                    requires_grad=False)
+    lin.bias = torch.nn.Parameter(torch.randn(16, generator=g), requires_grad=False)
+    cfg = F.LayerConfig(name="lin", kind="linear", fused=True, allow_cpu=True, calibrate=True)
+    fwd = F.make_forward(lin, cfg, None)
+    F.STATS.reset()
+    x4, x64 = torch.randn(4, 32, generator=g), torch.randn(64, 32, generator=g)
+    ref = lambda x: torch.nn.functional.linear(x.double(), lin.weight.double(), lin.bias.double())  # noqa: E731
+    t = FakeTimer({"torch": 0.1, "decode": 1.0, "fused": 2.0})
+    C.set_timer(t)
+    torch.testing.assert_close(fwd(x4).double(), ref(x4), rtol=1e-4, atol=1e-4)
+    assert F.STATS.layers["lin"] == "torch (measured faster)" and sorted(t.asked) == ["decode", "fused", "torch"]
+    t.times = {"torch": 3.0, "decode": 2.0, "fused": 1.0}
+    torch.testing.assert_close(fwd(x64).double(), ref(x64), rtol=1e-4, atol=1e-4)
+    assert F.STATS.layers["lin"] == "fused-linear" and len(t.asked) == 6
+    fwd(x4)                                      # stored: the 4-token bucket keeps torch, nothing timed
+    assert F.STATS.layers["lin"] == "torch (measured faster)" and len(t.asked) == 6
+    keys = sorted(k for k in C.stored_choices(CPU) if k.startswith("fp8_linear|"))
+    assert [k.split("|")[6] for k in keys] == ["M4", "M64"] and all("N16|K32" in k for k in keys)
+    # forcing a path
+    os.environ[NC.FP8_PATH_ENV] = "decode"
+    try:
+        fwd(x4)
+        assert F.STATS.layers["lin"] == "decode"
+    finally:
+        del os.environ[NC.FP8_PATH_ENV]
+
+
+def test_route_lists_the_stored_choices(store, monkeypatch):
+    from tritonkit.nodes import routes
+    C.set_timer(FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0}))
+    C.choose(CPU, "attention|k", CANDS, "comfy", what="attention head 128")
+    (store / "calibration-broken.json").write_text("{oops")
+    monkeypatch.setenv(NC.FP8_PATH_ENV, "fused")
+    info = routes.calibration_info()
+    assert info["dir"] == str(store) and info["timing"] is True
+    assert info["forced"] == {NC.ATTN_PATH_ENV: None, NC.FP8_PATH_ENV: "fused"}
+    good = [f for f in info["files"] if "entries" in f]
+    bad = [f for f in info["files"] if "error" in f]
+    assert len(good) == 1 and good[0]["entries"]["attention|k"]["choice"] == "exact"
+    assert len(bad) == 1 and bad[0]["path"].endswith("calibration-broken.json")
+    assert "calibration" in routes.ROUTES
+
+
+# ----------------------------------------------------------------------------- on a GPU
+
+@pytest.mark.gpu
+def test_gpu_calibration_is_timed_once_and_reused_by_a_second_process(store):
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(1, 4096, 24 * 128, device=dev, generator=g, dtype=torch.bfloat16) for _ in range(3))
+
+    def attention_pytorch(*a, **kw):
+        return sdpa_backend(*a, **kw)
+
+    out = N.make_override("auto")(attention_pytorch, q, k, v, 24)
+    torch.testing.assert_close(out.float(), sdpa_backend(q.float(), k.float(), v.float(), 24), rtol=3e-2, atol=3e-2)
+    [entry] = [e for key, e in C.stored_choices(dev).items() if key.startswith("attention|")]
+    assert set(entry["timings_ms"]) == {"comfy", "exact", "int8"} and all(t > 0 for t in entry["timings_ms"].values())
+    assert C.COUNTERS["calibrations"] == 1
+    script = textwrap.dedent(f"""
+        import json, sys, types, torch
+        pkg = types.ModuleType("tritonkit"); pkg.__path__ = [{str(REPO)!r}]; sys.modules["tritonkit"] = pkg
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_calibration import sdpa_backend
+        from tritonkit.nodes import attention as N
+        from tritonkit.kernels import calibration as C
+        dev = torch.device("cuda")
+        g = torch.Generator(device=dev).manual_seed(0)
+        q, k, v = (torch.randn(1, 4096, 24 * 128, device=dev, generator=g, dtype=torch.bfloat16) for _ in range(3))
+        def attention_pytorch(*a, **kw):
+            return sdpa_backend(*a, **kw)
+        N.make_override("auto")(attention_pytorch, q, k, v, 24)
+        print(json.dumps(C.COUNTERS))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], env={**os.environ, C.ENV_DIR: str(store)},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    counters = json.loads(r.stdout.strip().splitlines()[-1])
+    assert counters["calibrations"] == 0 and counters["timed_runs"] == 0 and counters["autotunes"] == 0, counters
+
+
+def test_store_folder(store, monkeypatch, tmp_path):
+    assert C.store_dir() == str(store)                       # TRITONKIT_CALIBRATION_DIR wins
+    monkeypatch.delenv(C.ENV_DIR)
+    monkeypatch.setattr(C, "_base_dir", lambda: str(tmp_path / "user" / "tritonkit"))  # what the nodes set
+    assert C.store_dir() == str(tmp_path / "user" / "tritonkit")
+    monkeypatch.setattr(C, "_base_dir", None)
+    monkeypatch.setattr(C.sys, "platform", "win32")
+    monkeypatch.setenv("LOCALAPPDATA", r"C:\Users\me\AppData\Local")
+    assert C.store_dir() == os.path.join(r"C:\Users\me\AppData\Local", "tk", "calibration")  # short, off %TEMP%
