@@ -1,0 +1,348 @@
+"""The "Triton Compile Model" node (nodes/compile_model.py) on ComfyUI's own model classes, in
+process, on the CPU (Inductor's C++ backend): which blocks it finds per architecture, one
+compiled graph per block class reused by every block, a new resolution without a recompile,
+in-place weight patches (LoRA) without a recompile, the Triton Attention and fp8 Fallback nodes
+inside the compiled blocks without graph breaks, offloaded/lowvram blocks kept eager, ComfyUI's
+TorchCompileModel left in charge, and a second process served from the caches on disk.
+
+The tiny Flux is ComfyUI's Flux class built from a config (hidden 64, 2 heads, 2 double + 3
+single blocks), not a checkpoint: ComfyUI's detection forces hidden 3072, which Inductor on 2
+cores would take minutes to compile. Each Inductor compile here costs ~5-10 s; the graphs are
+shared between tests through the node's per-process cache of compiled functions, so the order
+of the tests matters only for how long they take, never for what they assert."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+FLUX_CFG = dict(image_model="flux", in_channels=16, patch_size=2, out_channels=16, vec_in_dim=32,
+                context_in_dim=32, hidden_size=64, mlp_ratio=2.0, num_heads=2, depth=2, depth_single_blocks=3,
+                axes_dim=[8, 12, 12], theta=10000, qkv_bias=True, guidance_embed=True)
+NODE = "TritonKitCompileModel"
+
+
+def comfyui_dir() -> Path:
+    return Path(os.environ.get("TK_COMFYUI", REPO / ".comfyui"))
+
+
+def setup_comfy(models_dir):
+    """ComfyUI in this process on the CPU with the pack loaded (bench/_comfy_inproc.py), and
+    ComfyUI's PyTorch attention for the models: on the CPU ComfyUI picks its sub-quadratic
+    attention, which asks psutil for free memory inside every block (a graph break that has
+    nothing to do with the node)."""
+    cdir = comfyui_dir()
+    if not (cdir / "comfy" / "ops.py").is_file():
+        pytest.skip(f"ComfyUI sources are not in {cdir} (scripts/setup_env.sh, or set TK_COMFYUI)")
+    sys.path.insert(0, str(cdir))
+    sys.path.insert(0, str(REPO / "bench"))
+    import comfy.cli_args
+    comfy.cli_args.args.cpu = True
+    comfy.cli_args.args.use_pytorch_cross_attention = True
+    import _comfy_inproc as inproc
+    st = inproc.setup("cpu", models_dir)
+    import comfy.ldm.flux.math
+    import comfy.ldm.modules.attention as attention
+    comfy.ldm.flux.math.optimized_attention = attention.attention_pytorch
+    return inproc, st
+
+
+def tiny_flux(dtype=torch.float32, seed=0):
+    """(ModelPatcher, BaseModel) of ComfyUI's Flux class from FLUX_CFG with random weights, built
+    in inference mode;
+    ``dtype`` fp8 stores the weights in fp8 with float32 compute (ComfyUI's manual cast)."""
+    import dataclasses
+
+    import comfy.ldm.flux.model
+    import comfy.model_patcher
+    import comfy.supported_models
+    cfg = dict(FLUX_CFG)
+    if "txt_ids_dims" in {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)}:
+        cfg["txt_ids_dims"] = []  # 0.8.0: which text-id dims carry positions (none for Flux.1)
+    mc = comfy.supported_models.Flux(cfg)
+    mc.set_inference_dtype(dtype, None if dtype == torch.float32 else torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    # in inference mode, as UNETLoader runs under ComfyUI's executor: the weights are inference
+    # tensors, like the LoRA-patched weights that ModelPatcher makes in the same mode
+    with torch.inference_mode():
+        base = mc.get_model({})
+        for _, p in base.named_parameters():
+            p.copy_((torch.randn(p.shape, generator=g) * 0.05).to(p.dtype))
+    cpu = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(base, cpu, cpu), base
+
+
+def sample(model, h=16, w=16, steps=2, seed=0):
+    """KSampler (euler, cfg 1) on a zero latent of h x w, in inference mode; returns the final latent."""
+    import nodes
+    g = torch.Generator().manual_seed(seed)
+    cond = [[torch.randn(1, 16, FLUX_CFG["context_in_dim"], generator=g),
+             {"pooled_output": torch.randn(1, FLUX_CFG["vec_in_dim"], generator=g), "guidance": 3.5}]]
+    latent = {"samples": torch.zeros(1, 16, h, w)}
+    with torch.inference_mode():  # as ComfyUI's executor runs every node
+        return nodes.common_ksampler(model, seed, steps, 1.0, "euler", "simple", cond, cond, latent)[0]["samples"]
+
+
+def cosine(a, b) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
+
+
+def graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+    return sum(counters["graph_break"].values())
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """(inproc, node module, Inductor cache dir): the Inductor caches of this module's compiles
+    go to a fresh folder, which the second-process test reads back."""
+    cache = tmp_path_factory.mktemp("inductor")
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    inproc, st = setup_comfy(tmp_path_factory.mktemp("models"))
+    if NODE not in st["classes"]:
+        pytest.fail(f"the pack did not register {NODE} (pack loaded: {st['pack_loaded']})")
+    yield inproc, inproc.node_module(NODE), cache
+    if old is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def flux(env):
+    mp, base = tiny_flux()
+    return mp, base, sample(mp)
+
+
+# ----------------------------------------------------------------------------- which blocks
+def _meta_model(inproc_env, cfg):
+    import comfy.model_detection as md
+    import tiny_models as tm
+    sd = {n: torch.empty(s, dtype=torch.bfloat16, device="meta") for n, s, _ in tm.specs_for(cfg)}
+    mc = md.model_config_from_unet(sd, "")
+    with torch.device("meta"):
+        return mc.get_model(mc.process_unet_state_dict(dict(sd)), "", device="meta").diffusion_model
+
+
+def test_regions_per_architecture(env):
+    import comfy.ldm.wan.model as wan
+    import comfy.ops
+    import tiny_models as tm
+    _, node, _ = env
+
+    def regions(dm, parts="blocks"):
+        return {r.name: (len(r.paths), r.kind, r.paths[0]) for r in node.find_regions(dm, parts)}
+
+    flux = regions(_meta_model(env, tm.FLUX_DEV_CONFIG))
+    assert flux == {"DoubleStreamBlock": (19, "block", "double_blocks.0"),
+                    "SingleStreamBlock": (38, "block", "single_blocks.0")}, flux
+    hv = regions(_meta_model(env, tm.HUNYUAN_VIDEO_CONFIG))
+    assert hv["DoubleStreamBlock"][:2] == (20, "block") and hv["SingleStreamBlock"][:2] == (40, "block"), hv
+    # SD1.5: the UNet's input/middle/output lists hold differently built TimestepEmbedSequentials;
+    # the repeated block is the BasicTransformerBlock of each SpatialTransformer (7 in SD1.5)
+    sd = regions(_meta_model(env, tm.SD15_CONFIG))
+    assert sd == {"BasicTransformerBlock": (16, "block", "input_blocks.1.1.transformer_blocks.0")}, sd
+    with torch.device("meta"):
+        w = wan.WanModel(dim=256, ffn_dim=512, num_heads=2, num_layers=3, text_dim=32, freq_dim=64,
+                         operations=comfy.ops.disable_weight_init, device="meta")
+    assert regions(w) == {"WanAttentionBlock": (3, "block", "blocks.0")}
+    glue = regions(_meta_model(env, tm.FLUX_DEV_CONFIG), "blocks+glue")
+    assert {k for k, v in glue.items() if v[1] == "glue"} >= {"MLPEmbedder", "LastLayer", "EmbedND"}, glue
+    assert glue["MLPEmbedder"][0] == 3  # time_in, vector_in, guidance_in: one class, one compile
+
+    with pytest.raises(ValueError, match="no repeated blocks"):
+        node.compile_model(_FakePatcher(torch.nn.Linear(2, 2)))
+    with pytest.raises(ValueError, match="dynamic must be one of"):
+        node.compile_model(_FakePatcher(w), dynamic="sometimes")
+
+
+class _FakePatcher:
+    def __init__(self, dm):
+        self.dm = dm
+
+    def get_model_object(self, name):
+        assert name == "diffusion_model"
+        return self.dm
+
+
+# ----------------------------------------------------------------------------- compile once, reuse
+def test_compiles_once_per_block_class_and_reuses_it(env, flux):
+    inproc, node, _ = env
+    mp, base, ref = flux
+    m = inproc.call_node(NODE, model=mp, mode="default", dynamic="auto", parts="blocks", cache_size_limit=16)[0]
+    assert m is not mp and not mp.wrappers.get("apply_model", {}).get(node.WRAPPER_KEY)
+    breaks0 = graph_breaks()
+    out = sample(m)
+    st = node.stats()
+    # 2 steps x (2 double + 3 single blocks) = 10 block calls, through 2 graphs: one per class
+    assert st["compiled_block_calls"] == 10 and st["eager_block_calls"] == 0, st
+    assert st["graphs_DoubleStreamBlock"] == 1 and st["graphs_SingleStreamBlock"] == 1, st
+    assert graph_breaks() == breaks0
+    assert cosine(out, ref) > 0.9999, cosine(out, ref)
+    # the blocks run their class's forward again once the model is done (nothing left installed)
+    assert all("forward" not in vars(b) for b in base.diffusion_model.double_blocks)
+
+    # another resolution: the token dims are dynamic, nothing recompiles
+    ref2 = sample(mp, 24, 16)
+    out2 = sample(m, 24, 16)
+    st = node.stats()
+    assert st["graphs"] == 0 and st["compiled_block_calls"] == 10, st
+    assert cosine(out2, ref2) > 0.9999
+
+    # an in-place weight patch (how ComfyUI applies a LoRA): no recompile, the new weights are used
+    key = "diffusion_model.double_blocks.1.img_mlp.0.weight"
+    diff = torch.randn(base.diffusion_model.double_blocks[1].img_mlp[0].weight.shape,
+                       generator=torch.Generator().manual_seed(5)) * 0.5
+    lora, eager_lora = m.clone(), mp.clone()
+    lora.add_patches({key: (diff,)}, 1.0)
+    eager_lora.add_patches({key: (diff,)}, 1.0)
+    want = sample(eager_lora)
+    got = sample(lora)
+    assert node.stats()["graphs"] == 0, node.stats()
+    assert cosine(got, want) > 0.9999 and cosine(want, ref) < 0.9999  # the patch mattered
+    assert "reused the compiled blocks" in node.STATS.summary()
+
+
+def test_static_shapes_and_the_cache_size_limit(env, flux):
+    inproc, node, _ = env
+    mp, _, _ = flux
+    m = inproc.call_node(NODE, model=mp, mode="default", dynamic="false", parts="blocks", cache_size_limit=1)[0]
+    sample(m, 16, 16, steps=1)
+    assert node.stats()["graphs"] == 2  # static shapes: still one graph per class, not one per block
+    # a new shape is over the limit of 1 variant per class: those blocks run eagerly, and right
+    out = sample(m, 16, 24, steps=1)
+    assert node.stats()["graphs"] == 0
+    assert cosine(out, sample(mp, 16, 24, steps=1)) > 0.9999
+
+
+def test_lowvram_blocks_run_eager(env, flux):
+    inproc, node, _ = env
+    mp, base, ref = flux
+    m = inproc.call_node(NODE, model=mp, mode="default", dynamic="auto", parts="blocks", cache_size_limit=16)[0]
+    lin = base.diffusion_model.single_blocks[2].linear2
+    lin.weight_function = [lambda w: w]   # what ModelPatcher sets for a LoRA in lowvram mode
+    try:
+        out = sample(m)
+    finally:
+        lin.weight_function = []
+    st = node.stats()
+    assert st["eager_block_calls"] == 2 and st["compiled_block_calls"] == 8, st
+    assert cosine(out, ref) > 0.9999
+    meta = torch.nn.Linear(2, 2, device="meta")
+    assert "not on the compute device" in node.block_problem(meta, torch.device("cpu"))
+
+
+def test_comfy_torch_compile_model_stays_in_charge(env, flux):
+    """ComfyUI's TorchCompileModel after our node: it compiles the whole model as it does without
+    ours (here with Dynamo's eager backend, to keep Inductor out of it), ours steps aside."""
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+    inproc, node, _ = env
+    mp, _, ref = flux
+    m = inproc.call_node(NODE, model=mp, mode="default", dynamic="auto", parts="blocks", cache_size_limit=16)[0]
+    both = m.clone()
+    set_torch_compile_wrapper(model=both, backend="eager")
+    out = sample(both)
+    assert node.STATS.stepped_aside and node.stats()["compiled_block_calls"] == 0
+    _, text = node.compile_model(both)   # the other order: the node says so up front
+    assert "TorchCompileModel is already on this model" in text
+    assert "TorchCompileModel" in node.STATS.summary()
+    assert cosine(out, ref) > 0.9999
+
+
+def test_with_triton_attention_and_fp8_fallback_no_graph_breaks(env, monkeypatch):
+    inproc, node, _ = env
+    monkeypatch.setenv("TRITONKIT_FORCE_TRITON_ON_CPU", "1")   # the pack's kernels via the Triton interpreter
+    mp, _ = tiny_flux(torch.float8_e4m3fn, seed=1)
+    m = inproc.call_node("TritonKitFp8Fallback", model=mp, mode="cast-only")[0]
+    m = inproc.call_node("TritonKitAttention", model=m, mode="exact")[0]
+    ref = sample(m)
+    c = inproc.call_node(NODE, model=m, mode="default", dynamic="auto", parts="blocks", cache_size_limit=16)[0]
+    breaks0 = graph_breaks()
+    out = sample(c)
+    st = node.stats()
+    assert graph_breaks() == breaks0
+    assert st["graphs_DoubleStreamBlock"] == 1 and st["graphs_SingleStreamBlock"] == 1, st
+    assert st["compiled_block_calls"] == 10
+    attn = inproc.node_module("TritonKitAttention").stats()
+    assert attn["served"] > 0 and attn["fallback"] == 0, attn
+    assert cosine(out, ref) > 0.9999
+
+
+# ----------------------------------------------------------------------------- warm restart
+def child_main(out_path):
+    """A second process: builds the same tiny Flux, runs it through the node, writes the stats."""
+    import logging
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, rec):
+            records.append(rec.getMessage())
+
+    logging.getLogger("TritonKit").addHandler(Keep())
+    logging.getLogger("TritonKit").setLevel(logging.INFO)
+    inproc, _ = setup_comfy(Path(out_path).parent)
+    node = inproc.node_module(NODE)
+    mp, _ = tiny_flux()
+    m = inproc.call_node(NODE, model=mp, mode="default", dynamic="auto", parts="blocks", cache_size_limit=16)[0]
+    sample(m)
+    Path(out_path).write_text(json.dumps({"stats": node.stats(), "log": records}))
+
+
+def _child(cache: Path, out: Path) -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(
+        [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    code = f"import test_compile_model as t; t.child_main({str(out)!r})"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                       cwd=str(out.parent))
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_second_process_loads_from_the_caches(env, tmp_path):
+    """Two more ComfyUI processes on this module's Inductor cache folder (its C++ runtime already
+    built, which costs ~25 s in an empty one): the first compiles the tiny Flux, or finds it
+    there; the second must get every graph from the caches on disk."""
+    _, node, cache = env
+    first = _child(cache, tmp_path / "first.json")
+    assert first["stats"]["graphs"] == 2, first["stats"]
+    if node.portable_cache_available():
+        art = list((cache / node.ARTIFACT_FOLDER).glob("artifacts-*.bin"))
+        assert art and art[0].stat().st_size > 0, "no cache artefacts written"
+    warm = _child(cache, tmp_path / "warm.json")
+    st = warm["stats"]
+    # Dynamo traces each block class again in a new process (2 graphs), Inductor serves both
+    # from its FX-graph cache: no fresh code generation
+    assert st["graphs"] == 2 and st["cache_fx_hit"] == 2 and st["cache_fx_miss"] == 0, st
+    summary = [line for line in warm["log"] if "graph(s) compiled" in line]
+    assert summary and "from the caches" in summary[-1], warm["log"]
+    if node.portable_cache_available():
+        assert any("loaded saved compile artefacts" in line for line in warm["log"]), warm["log"]
+
+
+def test_artefacts_live_in_the_cache_folder_install_py_clears(env, tmp_path, monkeypatch):
+    """The artefacts sit inside the Inductor cache folder that install.py's cache step measures
+    and empties (diagnostics.environment.cache_dirs: the same folder torch uses), under a key that
+    changes with the pack's code."""
+    from tritonkit.diagnostics import environment
+    from tritonkit.installer import caches
+    _, node, _ = env
+    short = tmp_path / "tk" / "inductor"           # a short folder as tritonkit_settings.json sets it
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(short))
+    assert environment.cache_dirs(dict(os.environ))["inductor"] == str(short)
+    path = Path(node.artifact_path())
+    assert path.parent == short / node.ARTIFACT_FOLDER and node.artifact_key() in path.name
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"x" * 10)
+    freed, errors = caches.empty_folder(str(short))
+    assert not errors and freed >= 10 and not path.exists() and short.is_dir()
+    key = node.artifact_key()
+    monkeypatch.setattr(node, "_pack_version", lambda: "another")
+    assert node.artifact_key() != key
