@@ -9,9 +9,14 @@ Two modes:
   subtracted: exact for softmax, since it shifts every score of a row by the same constant), then
   Q is quantised to int8 with one scale per row (the softmax scale and ``log2(e)`` folded in) and
   K with one scale per block of ``BLOCK_N`` keys; Q·Kᵀ runs as an int8 dot with int32
-  accumulation and is rescaled in fp32; P·V stays in fp16/bf16 with an fp32 accumulator. A
-  per-row Q scale costs nothing over Sage's per-block one (the row scale rides on the FMA that
-  applies the softmax scale anyway) and is more robust to outlier tokens.
+  accumulation and is rescaled in fp32. A per-row Q scale costs nothing over Sage's per-block
+  one (the row scale rides on the FMA that applies the softmax scale anyway) and is more robust
+  to outlier tokens. P·V (``pv``): in fp16/bf16 with an fp32 accumulator, or, SageAttention2-style
+  where the GPU has fp8 MMA (sm89+), in fp8 e4m3: P (in [0, 1] after the online-softmax rescale)
+  times 448, V scaled per channel by 448 / max|v| into a transposed fp8 copy, each key block's
+  products summed by the MMA and the blocks in fp32 registers; or (opt-in, for GeForce Ampere/Ada
+  whose fp16-accumulate MMA runs at twice the fp32-accumulate rate) fp16 operands accumulated in
+  fp16 within a key block. :func:`attention_8bit_emulated` is the torch model of this arithmetic.
 
 Both take any head size up to 256 (padded in-kernel to the next power of two, the padding masked
 off), any L_q / L_kv (cross-attention, lengths that are not block multiples), batch, heads, GQA,
@@ -40,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import calibration
 from .runtime import kernel_for
 
 LOG2E = 1.4426950408889634
@@ -50,8 +56,8 @@ MODES = ("exact", "int8")
 
 
 @triton.jit
-def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS,
-                    qk_scale, Lq, Lk, H, KV_GROUP,
+def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD,
+                    qk_scale, Lq, Lk, H, KV_GROUP, tma_rb, tma_rh, tma_ch,
                     stride_qb, stride_qh, stride_ql,
                     stride_kb, stride_kh, stride_kl,
                     stride_vb, stride_vh, stride_vl,
@@ -61,26 +67,53 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, INT8: tl.constexpr,
-                    DOT_F32: tl.constexpr, INT64: tl.constexpr, ALIGN8: tl.constexpr = False):
+                    DOT_F32: tl.constexpr, INT64: tl.constexpr, ALIGN8: tl.constexpr = False,
+                    PV_MODE: tl.constexpr = 0, USE_TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
     """One program = BLOCK_M query rows of one (batch, head). 1-D grid, query blocks fastest, so
-    the programs of one head run together and share its K/V in L2."""
+    the programs of one head run together and share its K/V in L2.
+
+    PV_MODE (P·V): 0 = P in V's dtype, fp32 accumulator; 1 = fp8 e4m3 (V is then a transposed,
+    per-channel-scaled fp8 copy (B, H, BLOCK_D, L_pad) read through stride_vl as the channel
+    stride, VS the channels' max |v|; P is scaled by 448 into e4m3's range); 2 = fp16 operands with
+    fp16 accumulation inside one key block, added to the fp32 accumulator per block.
+
+    USE_TMA (exact mode, Hopper+): K and V tiles come through tensor descriptors KD / VD (TMA
+    loads, zero fill past the tensor) over a 2-D view of K / V: the tile of (batch b, kv head hk)
+    starts at row b·tma_rb + hk·tma_rh, column hk·tma_ch; columns past HEAD_DIM may hold the next
+    head's values (Q's padding columns are zero, so they add nothing to Q·Kᵀ, and the output's are
+    not stored), rows past L_k the next head's keys (masked like any key past L_k). WARP_SPEC asks
+    Triton to warp-specialise the unmasked key loop (producer / consumer warps)."""
     PAD_D: tl.constexpr = HEAD_DIM != BLOCK_D
     if ALIGN8:
         # Every row start is 16-byte aligned (the launcher checked): tell the compiler, so rows of
         # e.g. 40 or 80 elements still load as 16-byte vectors (Triton only infers alignment from
-        # strides that are multiples of 16).
-        stride_qb = tl.multiple_of(stride_qb, 8)
-        stride_qh = tl.multiple_of(stride_qh, 8)
-        stride_ql = tl.multiple_of(stride_ql, 8)
-        stride_kb = tl.multiple_of(stride_kb, 8)
-        stride_kh = tl.multiple_of(stride_kh, 8)
-        stride_kl = tl.multiple_of(stride_kl, 8)
-        stride_vb = tl.multiple_of(stride_vb, 8)
-        stride_vh = tl.multiple_of(stride_vh, 8)
-        stride_vl = tl.multiple_of(stride_vl, 8)
-        stride_ob = tl.multiple_of(stride_ob, 8)
-        stride_oh = tl.multiple_of(stride_oh, 8)
-        stride_ol = tl.multiple_of(stride_ol, 8)
+        # strides that are multiples of 16). `(s // 8) * 8` (exact here) rather than
+        # tl.multiple_of: the hint on a kernel argument is dropped (scalar loads, measured in PTX).
+        stride_qb = (stride_qb // 8) * 8
+        stride_qh = (stride_qh // 8) * 8
+        stride_ql = (stride_ql // 8) * 8
+        stride_kb = (stride_kb // 8) * 8
+        stride_kh = (stride_kh // 8) * 8
+        stride_kl = (stride_kl // 8) * 8
+        stride_vb = (stride_vb // 8) * 8
+        stride_vh = (stride_vh // 8) * 8
+        stride_vl = (stride_vl // 8) * 8
+        stride_ob = (stride_ob // 8) * 8
+        stride_oh = (stride_oh // 8) * 8
+        stride_ol = (stride_ol // 8) * 8
+    if PV_MODE == 1:
+        # the fp8 V copy is ours: (B, H, BLOCK_D, L_pad), L_pad a multiple of 128
+        stride_vb = (stride_vb // 128) * 128
+        stride_vh = (stride_vh // 128) * 128
+        stride_vl = (stride_vl // 128) * 128
+    if INT8:
+        # the int8 Q / K copies are ours too: contiguous (B, H, L, BLOCK_D)
+        stride_qb = (stride_qb // 16) * 16
+        stride_qh = (stride_qh // 16) * 16
+        stride_ql = (stride_ql // 16) * 16
+        stride_kb = (stride_kb // 16) * 16
+        stride_kh = (stride_kh // 16) * 16
+        stride_kl = (stride_kl // 16) * 16
     pid = tl.program_id(0)
     num_m = (Lq + BLOCK_M - 1) // BLOCK_M
     start_m = pid % num_m
@@ -105,6 +138,11 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS,
     V_base = V + b * stride_vb + hk * stride_vh
     Mask_base = Mask + b * stride_mb + h * stride_mh
     KS_base = KS + b * stride_ksb + hk * stride_ksh
+    if USE_TMA:
+        tma_row = (b * tma_rb + hk * tma_rh).to(tl.int32)
+        tma_col = (hk * tma_ch).to(tl.int32)
+    if PV_MODE == 1:
+        VS_base = VS + (b * (H // KV_GROUP) + hk) * BLOCK_D
     if INT8:
         q = tl.load(q_ptrs, mask=m_ok[:, None], other=0)
         qc = tl.load(QS + b * stride_qsb + h * stride_qsh + offs_m, mask=m_ok, other=0.0)
@@ -132,7 +170,7 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS,
         else:
             lo = 0
             hi_s = full_end
-        for start_n in range(lo, hi_s, BLOCK_N):
+        for start_n in tl.range(lo, hi_s, BLOCK_N, warp_specialize=WARP_SPEC and stage == 0):
             cols = start_n + offs_n
             if INT64:
                 cols_o = cols.to(tl.int64)
@@ -151,7 +189,9 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS,
                 c = qc * ks
                 c2 = c[:, None]
             else:
-                if stage == 1:
+                if USE_TMA:
+                    k = KD.load([tma_row + start_n, tma_col])
+                elif stage == 1:
                     k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
                 elif PAD_D:
                     k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
@@ -187,21 +227,47 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS,
                 p = tl.math.exp2(qk * c2 - m_ij[:, None])
                 alpha = tl.math.exp2(m_i - m_ij)
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            v_ptrs = V_base + cols_o[:, None] * stride_vl + offs_d[None, :]
-            if stage == 1:
-                v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-            elif PAD_D:
-                v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+            if PV_MODE == 1:
+                # fp8 V^T: (BLOCK_D, BLOCK_N) tile, keys contiguous (K-major for the fp8 MMA); the
+                # copy is zero-padded to a multiple of 128 keys and BLOCK_D channels: no masks
+                if INT64:
+                    vt_ptrs = V_base + offs_d.to(tl.int64)[:, None] * stride_vl + cols_o[None, :]
+                else:
+                    vt_ptrs = V_base + offs_d[:, None] * stride_vl + cols_o[None, :]
+                vt = tl.load(vt_ptrs)
+                # two-level accumulation: one key block's products summed by the MMA (whose fp8
+                # accumulator keeps fewer mantissa bits than fp32), then added in fp32 registers;
+                # accumulating every block in the MMA lost accuracy with L (cos 0.9989 at L=32760)
+                pv = tl.dot((p * 448.0).to(tl.float8e4nv), tl.trans(vt))
+                acc = acc * alpha[:, None] + pv
             else:
-                v = tl.load(v_ptrs)
-            if DOT_F32:
-                acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc)
-            else:
-                acc = tl.dot(p.to(v.dtype), v, acc)
+                v_ptrs = V_base + cols_o[:, None] * stride_vl + offs_d[None, :]
+                if USE_TMA:
+                    v = VD.load([tma_row + start_n, tma_col])
+                elif stage == 1:
+                    v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+                elif PAD_D:
+                    v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+                else:
+                    v = tl.load(v_ptrs)
+                if PV_MODE == 2:
+                    # one block's partial sums in fp16 (2x MMA rate on GeForce), then fp32
+                    pv = tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float16)
+                    acc = acc * alpha[:, None] + pv.to(tl.float32)
+                elif DOT_F32:
+                    acc = acc * alpha[:, None]
+                    acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc)
+                else:
+                    acc = acc * alpha[:, None]
+                    acc = tl.dot(p.to(v.dtype), v, acc)
             m_i = m_ij
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    if PV_MODE == 1:
+        # P carried a factor 448, V a factor 448 / max|v| per channel
+        vs = tl.load(VS_base + offs_d) * (1.0 / (448.0 * 448.0))
+        out = acc * (vs[None, :] / l_safe[:, None])
+    else:
+        out = acc / l_safe[:, None]
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m_o[:, None] * stride_ol + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
@@ -212,10 +278,16 @@ def quant_int8_kernel(X, Mean, Out, Scale, L, H, mult,
                       stride_ob, stride_oh, stride_ol,
                       stride_sb, stride_sh,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
-                      PER_ROW: tl.constexpr, SUB_MEAN: tl.constexpr, INT64: tl.constexpr):
+                      PER_ROW: tl.constexpr, SUB_MEAN: tl.constexpr, INT64: tl.constexpr,
+                      ALIGN8: tl.constexpr = False):
     """int8 copy of one (B, H, L, D)-strided tensor into a contiguous (B, H, L, BLOCK_D) buffer
     (padding columns = 0), ``x = (x - mean) * mult``, with a scale per row (PER_ROW) or per block
-    of BLOCK_L rows; round half away from zero, as SageAttention does."""
+    of BLOCK_L rows; round half away from zero, as SageAttention does. ALIGN8: as in
+    attn_fwd_kernel (16-byte rows, vector loads at head sizes 40 / 80)."""
+    if ALIGN8:
+        stride_xb = (stride_xb // 8) * 8
+        stride_xh = (stride_xh // 8) * 8
+        stride_xl = (stride_xl // 8) * 8
     pid = tl.program_id(0)
     num_l = (L + BLOCK_L - 1) // BLOCK_L
     blk = pid % num_l
@@ -252,6 +324,71 @@ def quant_int8_kernel(X, Mean, Out, Scale, L, H, mult,
         tl.store(Scale + b * stride_sb + h * stride_sh + rows, scale, mask=r_ok)
     else:
         tl.store(Scale + b * stride_sb + h * stride_sh + blk, scale)
+
+
+@triton.jit
+def v_absmax_kernel(X, Amax, L, H, stride_xb, stride_xh, stride_xl,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
+                    CHUNK: tl.constexpr, INT64: tl.constexpr, ALIGN8: tl.constexpr = False):
+    """Per (batch, head, channel) max |v| over the sequence into a zeroed fp32 (B, H, BLOCK_D)
+    buffer: each program reduces CHUNK rows, then one atomic max per channel."""
+    if ALIGN8:
+        stride_xb = (stride_xb // 8) * 8
+        stride_xh = (stride_xh // 8) * 8
+        stride_xl = (stride_xl // 8) * 8
+    pid = tl.program_id(0)
+    num_c = tl.cdiv(L, CHUNK)
+    blk = pid % num_c
+    off_hz = pid // num_c
+    b = (off_hz // H).to(tl.int64)
+    h = (off_hz % H).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    m = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for r0 in tl.static_range(0, CHUNK, BLOCK_L):
+        rows = blk * CHUNK + r0 + tl.arange(0, BLOCK_L)
+        if INT64:
+            rows_o = rows.to(tl.int64)
+        else:
+            rows_o = rows
+        x = tl.load(X + b * stride_xb + h * stride_xh + rows_o[:, None] * stride_xl + offs_d[None, :],
+                    mask=(rows < L)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        m = tl.maximum(m, tl.max(tl.abs(x), 0))
+    tl.atomic_max(Amax + (b * H + h) * BLOCK_D + offs_d, m)
+
+
+@triton.jit
+def quant_v_fp8_kernel(X, Amax, Out, L, H,
+                       stride_xb, stride_xh, stride_xl, stride_ob, stride_oh, stride_od,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
+                       INT64: tl.constexpr, ALIGN8: tl.constexpr = False):
+    """fp8 e4m3 copy of V for the fp8 P·V: ``v * 448 / max|v|`` per channel (every channel spans
+    e4m3's range; no mean subtraction: smoothing V by its mean measured worse at long sequences,
+    cos 0.99895 vs 0.99927 at L=32760), written transposed into a contiguous zero-padded
+    (B, H, BLOCK_D, L_pad) buffer (keys contiguous, the K-major operand the fp8 MMA needs)."""
+    if ALIGN8:
+        stride_xb = (stride_xb // 8) * 8
+        stride_xh = (stride_xh // 8) * 8
+        stride_xl = (stride_xl // 8) * 8
+    pid = tl.program_id(0)
+    num_l = tl.cdiv(stride_od, BLOCK_L)
+    blk = pid % num_l
+    off_hz = pid // num_l
+    b = (off_hz // H).to(tl.int64)
+    h = (off_hz % H).to(tl.int64)
+    rows = blk * BLOCK_L + tl.arange(0, BLOCK_L)
+    if INT64:
+        rows_o = rows.to(tl.int64)
+    else:
+        rows_o = rows
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (rows < L)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    x = tl.load(X + b * stride_xb + h * stride_xh + rows_o[:, None] * stride_xl + offs_d[None, :],
+                mask=ok, other=0.0).to(tl.float32)
+    inv = 448.0 / tl.maximum(tl.load(Amax + (b * H + h) * BLOCK_D + offs_d), 1e-30)
+    y = tl.minimum(tl.maximum(x * inv[None, :], -448.0), 448.0)
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_d[None, :] * stride_od + rows_o[:, None],
+             y.to(tl.float8e4nv))
 
 
 # ----------------------------------------------------------------------------- configurations
@@ -302,9 +439,17 @@ _CANDIDATES_INT8 = {
              128: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 4)],
              256: [(128, 64, 8, 2), (64, 64, 4, 2)]},
 }
+# int8 Q·K + fp8 P·V on Hopper: at head 128, 4 warps spill (P, its fp8 copy and the 128x128 fp32
+# accumulator in one warpgroup), 8 warps do not (ptxas: 182-235 registers, 0 spills).
+_CANDIDATES_FP8PV = {
+    "sm90": {64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 128, 4, 3)],
+             128: [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
+             256: [(128, 64, 8, 2), (64, 64, 4, 2)]},
+}
 _CANDIDATES["sm120"] = _CANDIDATES["sm86"]
 _CANDIDATES["sm100"] = _CANDIDATES["sm90"]
 _CANDIDATES_INT8["sm100"] = _CANDIDATES_INT8["sm90"]
+_CANDIDATES_FP8PV["sm100"] = _CANDIDATES_FP8PV["sm90"]
 
 # Interpreter (CPU): the block sizes only change how many numpy steps run.
 CPU_CONFIG = (32, 32, 4, 1)
@@ -322,7 +467,11 @@ def _smem_bytes(cfg, block_d, in_bytes, int8):
 
 def candidates(cc: int, block_d: int, in_bytes: int = 2, int8: bool = False):
     fam = arch_family(cc)
+    if isinstance(int8, str) and int8.startswith("exact"):  # the tuning key's name for exact + TMA
+        int8 = False
     table = _CANDIDATES_INT8.get(fam, _CANDIDATES[fam]) if int8 else _CANDIDATES[fam]
+    if int8 == "int8-fp8pv":  # the tuning key's name for int8 Q·K with fp8 P·V
+        table = _CANDIDATES_FP8PV.get(fam, table)
     cands = table[_dbucket(block_d)]
     fit = [c for c in cands if _smem_bytes(c, block_d, in_bytes, int8) <= _SMEM[fam]]
     return fit or cands[-1:]
@@ -335,6 +484,47 @@ def supported_dtypes(cc: int | None):
     if cc < 80:
         return (torch.float16,)  # Turing: no bf16 tensor cores, no tf32
     return (torch.float16, torch.bfloat16, torch.float32)
+
+
+def fp8_pv_supported(cc: int | None) -> bool:
+    """fp8 e4m3 MMA (P·V in the 8-bit mode): sm89 (Ada), sm90 (Hopper), sm100+/sm120. Not the
+    CPU interpreter (its float8e4nv conversions do not round like the hardware's)."""
+    return cc is not None and cc >= 89
+
+
+PV_MODES = ("auto", "half", "fp8", "f16acc")
+
+
+# On Hopper-class GPUs (sm90, sm100) the int8/fp8 kernel is bound by the softmax, not the MMA: fp8
+# P·V measured 0.98-1.0x the 16-bit P·V at L <= 16384 on an H100 (its V pre-pass costs as much as
+# it saves) and 1.09x at L = 32760, at a lower cosine (0.9992 vs 0.99993). There "auto" keeps
+# 16-bit P·V below this many keys. On sm89 / sm120 (GeForce Ada / Blackwell: fp16 MMA with fp32
+# accumulation at half the fp8 rate) "auto" always takes fp8.
+FP8_PV_MIN_KEYS_DATACENTER = 16384
+
+
+def pv_mode_for(pv: str, cc: int | None, int8: bool, lk: int | None = None) -> int:
+    """Kernel PV_MODE for the ``pv`` argument of :func:`attention`: auto = fp8 in 8-bit mode where
+    the GPU has fp8 MMA and it pays (see FP8_PV_MIN_KEYS_DATACENTER), else P·V in the input dtype;
+    f16acc (opt-in, 8-bit mode only) = fp16 operands with fp16 accumulation inside each key
+    block."""
+    if pv not in PV_MODES:
+        raise ValueError(f"pv must be one of {PV_MODES}")
+    if not int8 or pv == "half":
+        if int8 or pv in ("auto", "half"):
+            return 0
+        raise ValueError(f"pv={pv!r} is for mode='int8' only")
+    if pv == "auto":
+        if not fp8_pv_supported(cc):
+            return 0
+        if cc in (90, 100, 103) and lk is not None and lk < FP8_PV_MIN_KEYS_DATACENTER:
+            return 0
+        return 1
+    if pv == "fp8":
+        if not fp8_pv_supported(cc):
+            raise ValueError(f"pv='fp8' needs a GPU with fp8 MMA (sm89+), got {'CPU' if cc is None else f'sm{cc}'}")
+        return 1
+    return 2
 
 
 def int8_supported(cc: int | None) -> bool:
@@ -404,6 +594,11 @@ def _split(x, heads, bhld):
     return xv, B, heads, L, D, (xv.stride(0), xv.stride(2), xv.stride(1))
 
 
+def _align8(x, D, strides) -> bool:
+    """Rows of x start on 16-byte boundaries (the kernels' ALIGN8 hint is then exact)."""
+    return D % 8 == 0 and all(st % 8 == 0 for st in strides) and x.data_ptr() % 16 == 0
+
+
 def _quantize(x, strides, B, H, L, D, block_d, mult, per_row, block_l, mean=None):
     dev = x.device
     out = torch.empty((B, H, L, block_d), dtype=torch.int8, device=dev)
@@ -417,7 +612,7 @@ def _quantize(x, strides, B, H, L, D, block_d, mult, per_row, block_l, mean=None
         out.stride(0), out.stride(1), out.stride(2),
         scale.stride(0), scale.stride(1),
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=block_l, PER_ROW=per_row, SUB_MEAN=mean is not None,
-        INT64=int64, num_warps=4)
+        INT64=int64, ALIGN8=_align8(x, D, strides), num_warps=4)
     return out, scale
 
 
@@ -531,7 +726,57 @@ def check_supported(q, k, v, heads: int, bhld: bool, mode: str = "exact", mask=N
 INT64_THRESHOLD = 2 ** 31
 
 
-def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None, out=None):
+def _quantize_v_fp8(v4, sv, B, H, L, D, block_d):
+    """(fp8 V^T (B, H, block_d, L_pad), fp32 (B, H, block_d) per-channel max |v|)."""
+    dev = v4.device
+    amax = torch.zeros((B, H, block_d), dtype=torch.float32, device=dev)
+    int64 = max(L * max(sv[2], 1), triton.cdiv(L, 128) * 128 * block_d) >= INT64_THRESHOLD
+    chunk = 256
+    kernel_for(v_absmax_kernel, dev.type)[(triton.cdiv(L, chunk) * B * H,)](
+        v4, amax, L, H, sv[0], sv[1], sv[2],
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=32, CHUNK=chunk, INT64=int64, ALIGN8=_align8(v4, D, sv),
+        num_warps=4)
+    l_pad = triton.cdiv(L, 128) * 128
+    out = torch.empty((B, H, block_d, l_pad), dtype=torch.float8_e4m3fn, device=dev)
+    block_l = 64
+    kernel_for(quant_v_fp8_kernel, dev.type)[(triton.cdiv(l_pad, block_l) * B * H,)](
+        v4, amax, out, L, H, sv[0], sv[1], sv[2], out.stride(0), out.stride(1), out.stride(2),
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=block_l, INT64=int64, ALIGN8=_align8(v4, D, sv), num_warps=4)
+    return out, amax
+
+
+# The TMA path's tile addressing runs in the interpreter when tests set this (its descriptors are
+# emulated there; on GPUs the path needs sm90+).
+TMA_IN_INTERPRETER = False
+
+
+def tma_mode() -> tuple[bool, bool]:
+    """(TMA loads, warp specialisation) for exact mode on sm90+: opt-in while unmeasured,
+    TRITONKIT_ATTN_TMA=1 (TMA) or =ws (TMA + warp-specialised key loop)."""
+    v = os.environ.get("TRITONKIT_ATTN_TMA", "0").strip().lower()
+    return v in ("1", "ws"), v == "ws"
+
+
+def _tma_view(k4, v4, B, Hk, Lk, D, bhld):
+    """(2-D K view, 2-D V view, (row per batch, row per head, column per head)) for the TMA
+    descriptors, or None where K / V do not fold into one 2-D array of 16-byte-aligned rows."""
+    views = []
+    for x in (k4, v4):
+        sb, sh, sl = (x.stride(0), x.stride(1), x.stride(2)) if bhld else (x.stride(0), x.stride(2), x.stride(1))
+        if x.stride(-1) != 1 or x.data_ptr() % 16 or (sl * x.element_size()) % 16:
+            return None
+        if bhld and sh == Lk * sl and sb == Hk * sh:
+            views.append((x.as_strided((B * Hk * Lk, D), (sl, 1)), (Hk * Lk, Lk, 0)))
+        elif not bhld and sh == D and sl == Hk * D and sb == Lk * sl:
+            views.append((x.as_strided((B * Lk, Hk * D), (sl, 1)), (Lk, 0, D)))
+        else:
+            return None
+    if views[0][1] != views[1][1]:
+        return None
+    return views[0][0], views[1][0], views[0][1]
+
+
+def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None, out=None, pv="auto"):
     dev = q.device
     q4, B, H, Lq, D, sq = _split(q, heads, bhld)
     hk_guess = heads if bhld else (k.shape[-1] // D if D else heads)
@@ -542,6 +787,11 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head size {D} > {MAX_HEAD_DIM}")
     cc = _device_cc(dev)
+    pv_mode = pv_mode_for(pv, cc, int8, Lk)
+    use_tma, ws = tma_mode()
+    use_tma = (use_tma and ((cc is not None and cc >= 90) or (cc is None and TMA_IN_INTERPRETER))
+               and q.dtype in (torch.float16, torch.bfloat16))
+    ws = ws and use_tma
     if int8 and not int8_supported(cc):
         raise ValueError(f"int8 attention needs sm80+ (got sm{cc})")
     if q.dtype not in supported_dtypes(cc):
@@ -579,9 +829,22 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
         if not bhld:
             mean = mean.view(B, Hk, D).contiguous()
         qi, qs = _quantize(q4, sq, B, H, Lq, D, block_d, sm_scale * LOG2E, True, 64)
+    va, sva, vs_ = v4, sv, None
+    if pv_mode == 1:
+        va, vs_ = _quantize_v_fp8(v4, sv, B, Hk, Lk, D, block_d)
+        sva = (va.stride(0), va.stride(1), va.stride(2))
+
+    tma_view = _tma_view(k4, v4, B, Hk, Lk, D, bhld) if (use_tma and not int8 and align8 and not int64) else None
 
     def run(c, o_out):
         bm, bn, nw, ns = c
+        kd = vd = o_out  # unused pointers unless TMA
+        tma = (0, 0, 0)
+        if tma_view is not None:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            k2, v2, tma = tma_view
+            kd = TensorDescriptor.from_tensor(k2, [bn, block_d])
+            vd = TensorDescriptor.from_tensor(v2, [bn, block_d])
         if int8:
             ki, ks = _quantize(k4, sk, B, Hk, Lk, D, block_d, 1.0, False, bn, mean=mean)
             qa, ka = qi, ki
@@ -594,17 +857,22 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
             qss = kss = (0, 0)
         grid = (triton.cdiv(Lq, bm) * B * H,)
         kern[grid](
-            qa, ka, v4, o_out, m4 if m4 is not None else o_out, qs_, ks_,
-            sm_scale, Lq, Lk, H, H // Hk,
-            sqa[0], sqa[1], sqa[2], ska[0], ska[1], ska[2], sv[0], sv[1], sv[2],
+            qa, ka, va, o_out, m4 if m4 is not None else o_out, qs_, ks_,
+            vs_ if vs_ is not None else o_out, kd, vd,
+            sm_scale, Lq, Lk, H, H // Hk, tma[0], tma[1], tma[2],
+            sqa[0], sqa[1], sqa[2], ska[0], ska[1], ska[2], sva[0], sva[1], sva[2],
             so[0], so[1], so[2], ms[0], ms[1], ms[2], ms[3],
             qss[0], qss[1], kss[0], kss[1],
             HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn,
             MASK_KIND=kind, IS_CAUSAL=bool(causal), INT8=bool(int8), DOT_F32=dot_f32, INT64=int64,
-            ALIGN8=align8, num_warps=nw, num_stages=ns)
+            ALIGN8=align8, PV_MODE=pv_mode, USE_TMA=kd is not o_out, WARP_SPEC=ws, num_warps=nw, num_stages=ns)
 
     if cfg is None:
-        cfg = choose_config(dev, cc, q.dtype, block_d, int8, kind, causal, Lq, Lk, run, o)
+        # the P·V variant rides in the int8 slot of the tuning key (truthy for every 8-bit variant)
+        tune_int8 = (True, "int8-fp8pv", "int8-f16acc")[pv_mode] if int8 else False
+        if tma_view is not None:
+            tune_int8 = "exact-tma-ws" if ws else "exact-tma"  # keys of their own, exact candidates
+        cfg = choose_config(dev, cc, q.dtype, block_d, tune_int8, kind, causal, Lq, Lk, run, o)
     run(cfg, o)
     return o
 
@@ -623,6 +891,14 @@ def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None,
         hit = _TUNE_CACHE.get(key)
         if hit is not None:
             return hit
+        # the pick of an earlier run on this GPU / driver / torch / Triton / pack version (the
+        # calibration store): the same config run to run, and no timing after a restart
+        skey = "attn_config|" + "|".join(str(x) for x in key)
+        stored = calibration.recall(dev, skey)
+        cfg = tuple(stored.get("config", ())) if isinstance(stored, dict) else ()
+        if cfg in [tuple(c) for c in cands]:
+            _TUNE_CACHE[key] = cfg
+            return cfg
         best, best_t = None, float("inf")
         for c in cands:
             try:
@@ -633,6 +909,9 @@ def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None,
                 best, best_t = c, t
         best = best or cands[0]
         _TUNE_CACHE[key] = best
+        calibration.COUNTERS["autotunes"] += 1
+        if best_t < float("inf"):
+            calibration.remember(dev, skey, {"config": list(best), "ms": round(best_t, 5)})
         return best
 
 
@@ -640,14 +919,15 @@ def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None,
 
 def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                     heads: int, bhld: bool, out_bhld: bool, scale: float | None, int8: bool,
-                    causal: bool, block_m: int, block_n: int, num_warps: int, num_stages: int) -> torch.Tensor:
+                    causal: bool, block_m: int, block_n: int, num_warps: int, num_stages: int,
+                    pv: str = "auto") -> torch.Tensor:
     cfg = (block_m, block_n, num_warps, num_stages) if block_m > 0 else None
     with _interpreted_device_calls(q.device.type):
-        return _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg)
+        return _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg, pv=pv)
 
 
 def _attention_fake(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, block_m, block_n, num_warps,
-                    num_stages):
+                    num_stages, pv="auto"):
     if bhld:
         B, H, Lq, D = q.shape
     else:
@@ -665,7 +945,8 @@ except Exception:  # noqa: BLE001 - e.g. a torch that refuses a second registrat
 
 
 def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bld", out_layout: str | None = None,
-              scale: float | None = None, mode: str = "exact", causal: bool = False, config=None, out=None):
+              scale: float | None = None, mode: str = "exact", causal: bool = False, config=None, out=None,
+              pv: str = "auto"):
     """Softmax attention of q, k, v.
 
     layout "bld": (B, L, H·D) with ``heads`` = H (k/v may have fewer heads: GQA);
@@ -673,7 +954,10 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
     mask: bool (True = keep) or additive float, broadcastable from (L_k), (L_q, L_k),
     (B, L_q, L_k) or (B, H, L_q, L_k). mode: "exact" or "int8". config: (BLOCK_M, BLOCK_N,
     num_warps, num_stages) to skip the choice (tests). out: write into this tensor (eager only: it
-    bypasses the custom op; tests poison it first)."""
+    bypasses the custom op; tests poison it first). pv (8-bit mode's P·V): "auto" (fp8 e4m3 where
+    the GPU has fp8 MMA, sm89+, and it pays, else the input dtype: :func:`pv_mode_for`), "half"
+    (input dtype), "fp8", or "f16acc"
+    (opt-in: fp16 operands, fp16 accumulation within each key block; for GeForce Ampere/Ada)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
     bhld = layout == "bhld"
@@ -688,7 +972,8 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
     if out is not None:
         with _interpreted_device_calls(q.device.type):
             return _launch(q, k, v, mask, int(heads), bhld, out_bhld, None if scale is None else float(scale),
-                           mode == "int8", bool(causal), tuple(config) if config is not None else None, out)
+                           mode == "int8", bool(causal), tuple(config) if config is not None else None, out,
+                           pv=pv)
     op = _attention_op
     if q.device.type == "cpu" and not torch.compiler.is_compiling():
         # Eager CPU (the interpreter) calls the implementation directly, not through the
@@ -697,7 +982,7 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
         op = _attention_impl
     return op(q, k, v, mask, int(heads), bhld, out_bhld,
                          None if scale is None else float(scale), mode == "int8", bool(causal),
-                         bm, bn, nw, ns)
+                         bm, bn, nw, ns, pv)
 
 
 # ----------------------------------------------------------------------------- reference
@@ -742,12 +1027,61 @@ def attention_reference(q, k, v, heads: int | None = None, *, mask=None, layout:
     return out.transpose(1, 2).reshape(out.shape[0], Lq, -1)
 
 
+def attention_8bit_emulated(q, k, v, *, scale: float | None = None, block_n: int = 64, pv: str = "fp8"):
+    """The 8-bit mode's arithmetic in plain torch, for (B, H, L, D) q, k, v without mask: smoothed
+    K, int8 Q (per-row scales, softmax scale and log2(e) folded in) and K (per block of ``block_n``
+    keys), int32-exact Q·K, online softmax over key blocks in fp32, and P·V either in fp8 e4m3
+    (pv="fp8": P·448 and V scaled per channel by 448 / max|v| into e4m3,
+    rounded as the hardware's cvt.rn.satfinite does) or in the inputs' dtype (pv="half"). It is the
+    reference for what the kernel computes where the Triton interpreter cannot run it (fp8)."""
+    B, H, L, D = q.shape
+    sm = (scale if scale is not None else 1.0 / math.sqrt(D)) * LOG2E
+
+    def rnd(x):
+        return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5))
+
+    x = q.float() * sm
+    sq = x.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127.0
+    qi = rnd(x / sq)
+    kk = k.float() - k.float().mean(2, keepdim=True)
+    Lk = k.shape[2]
+    nblk = (Lk + block_n - 1) // block_n
+    kb = torch.nn.functional.pad(kk, (0, 0, 0, nblk * block_n - Lk)).view(B, H, nblk, block_n, D)
+    sk = kb.abs().amax((-1, -2), keepdim=True).clamp_min(1e-30) / 127.0
+    ki = rnd(kb / sk)
+    if pv == "fp8":
+        sv = v.float().abs().amax(2, keepdim=True).clamp_min(1e-30) / 448.0
+        vq = (v.float() / sv).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    else:
+        vq = v.float()
+    m = torch.full((B, H, L), float("-inf"))
+    li = torch.zeros(B, H, L)
+    acc = torch.zeros(B, H, L, D)
+    for j in range(nblk):
+        lo, hi = j * block_n, min(Lk, (j + 1) * block_n)
+        s_ = (qi @ ki[:, :, j, : hi - lo].transpose(-1, -2)) * sq * sk[:, :, j]
+        m_new = torch.maximum(m, s_.amax(-1))
+        p = torch.exp2(s_ - m_new[..., None])
+        alpha = torch.exp2(m - m_new)
+        li = li * alpha + p.sum(-1)
+        if pv == "fp8":
+            pq = (p * 448.0).to(torch.float8_e4m3fn).float()
+        else:
+            pq = p.to(v.dtype).float()
+        acc = acc * alpha[..., None] + pq @ vq[:, :, lo:hi]
+        m = m_new
+    if pv == "fp8":
+        return acc * (sv / 448.0) / li[..., None]
+    return acc / li[..., None]
+
+
 # ----------------------------------------------------------------------------- compile specs
 
-def _attn_signature(in_ty: str, kv_in_ty: str, mask_ty: str, out_ty: str):
+def _attn_signature(in_ty: str, kv_in_ty: str, mask_ty: str, out_ty: str, tma_block=None):
+    desc = f"tensordesc<{in_ty}[{tma_block[0]}, {tma_block[1]}]>" if tma_block else f"*{out_ty}"
     sig = {"Q": f"*{in_ty}", "K": f"*{in_ty}", "V": f"*{kv_in_ty}", "O": f"*{out_ty}", "Mask": f"*{mask_ty}",
-           "QS": "*fp32", "KS": "*fp32", "qk_scale": "fp32"}
-    for n in ("Lq", "Lk", "H", "KV_GROUP"):
+           "QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "KD": desc, "VD": desc, "qk_scale": "fp32"}
+    for n in ("Lq", "Lk", "H", "KV_GROUP", "tma_rb", "tma_rh", "tma_ch"):
         sig[n] = "i32"
     for t in ("q", "k", "v", "o"):
         for d in ("b", "h", "l"):
@@ -757,7 +1091,7 @@ def _attn_signature(in_ty: str, kv_in_ty: str, mask_ty: str, out_ty: str):
     for n in ("stride_qsb", "stride_qsh", "stride_ksb", "stride_ksh"):
         sig[n] = "i32"
     for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_M", "BLOCK_N", "MASK_KIND", "IS_CAUSAL", "INT8", "DOT_F32", "INT64",
-              "ALIGN8"):
+              "ALIGN8", "PV_MODE", "USE_TMA", "WARP_SPEC"):
         sig[n] = "constexpr"
     return sig
 
@@ -766,13 +1100,15 @@ _TY = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FAMILY_ARCHS = {"sm75": (75,), "sm80": (80,), "sm86": (86, 89), "sm90": (90,), "sm120": (120,)}
 
 
-def _spec(dtype, int8, head_dim, cfg, archs, mask_kind=0, causal=False, int64=False, align8=False):
+def _spec(dtype, int8, head_dim, cfg, archs, mask_kind=0, causal=False, int64=False, align8=False, pv_mode=0,
+          tma=False, ws=False):
     bm, bn, nw, ns = cfg
     ty = _TY[dtype]
-    sig = _attn_signature("i8" if int8 else ty, ty, {0: "fp32", 1: "i1", 2: "fp32"}[mask_kind], ty)
+    sig = _attn_signature("i8" if int8 else ty, "fp8e4nv" if pv_mode == 1 else ty,
+                          {0: "fp32", 1: "i1", 2: "fp32"}[mask_kind], ty, (bn, block_d_for(head_dim)) if tma else None)
     consts = {"HEAD_DIM": head_dim, "BLOCK_D": block_d_for(head_dim), "BLOCK_M": bm, "BLOCK_N": bn,
               "MASK_KIND": mask_kind, "IS_CAUSAL": causal, "INT8": int8, "DOT_F32": False, "INT64": int64,
-              "ALIGN8": align8}
+              "ALIGN8": align8, "PV_MODE": pv_mode, "USE_TMA": tma, "WARP_SPEC": ws}
     return (attn_fwd_kernel, sig, consts, {"archs": tuple(archs), "num_warps": nw, "num_stages": ns})
 
 
@@ -780,10 +1116,10 @@ def _quant_spec(ty, per_row, sub_mean, block_l, archs):
     sig = {"X": f"*{ty}", "Mean": "*fp32", "Out": "*i8", "Scale": "*fp32", "L": "i32", "H": "i32", "mult": "fp32"}
     for n in ("stride_xb", "stride_xh", "stride_xl", "stride_ob", "stride_oh", "stride_ol", "stride_sb", "stride_sh"):
         sig[n] = "i32"
-    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_L", "PER_ROW", "SUB_MEAN", "INT64"):
+    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_L", "PER_ROW", "SUB_MEAN", "INT64", "ALIGN8"):
         sig[n] = "constexpr"
     return (quant_int8_kernel, sig, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_L": block_l, "PER_ROW": per_row,
-                                     "SUB_MEAN": sub_mean, "INT64": False},
+                                     "SUB_MEAN": sub_mean, "INT64": False, "ALIGN8": per_row},
             {"archs": tuple(archs), "num_warps": 4, "num_stages": 1})
 
 
@@ -811,7 +1147,44 @@ def _compile_specs():
             specs.append(_spec(torch.float16, True, 128, candidates(cc, 128, 2, True)[0], archs))
             specs.append(_quant_spec(_TY[dt], True, False, 64, archs))
             specs.append(_quant_spec("fp16", False, True, 64, archs))
+            if cc < 90:
+                # opt-in fp16-accumulate P·V, for GeForce Ampere / Ada (bf16 inputs: P and V go to fp16)
+                specs.append(_spec(torch.bfloat16, True, 64, candidates(cc, 64, 2, True)[0], archs, pv_mode=2))
+        if cc >= 90:
+            # exact mode's opt-in TMA path (TRITONKIT_ATTN_TMA): the default config at 128, and a
+            # padded head size with a bool mask, causal and the warp-specialisation request
+            specs.append(_spec(dt, False, 128, candidates(cc, 128, 2, False)[0], archs, align8=True, tma=True))
+            if cc == 90:
+                specs.append(_spec(dt, False, 40, candidates(cc, 64, 2, False)[0], archs, mask_kind=1, causal=True,
+                                   align8=True, tma=True, ws=True))
+        fp8_archs = tuple(a for a in archs if fp8_pv_supported(a))
+        if fp8_archs:
+            # int8 Q·K + fp8 P·V: the default config at 128, a padded head size with a bool mask,
+            # causal and 64-bit offsets, and the V quantisation
+            c = fp8_archs[0]
+            specs.append(_spec(dt, True, 128, candidates(c, 128, 2, "int8-fp8pv")[0], fp8_archs, pv_mode=1,
+                               align8=True))
+            specs.append(_spec(dt, True, 40, candidates(c, 64, 2, "int8-fp8pv")[0], fp8_archs, pv_mode=1,
+                               mask_kind=1, causal=True, int64=True))
+            specs.extend(_quant_v_specs(_TY[dt], fp8_archs))
     return specs
+
+
+def _quant_v_specs(ty, archs):
+    opts = {"archs": tuple(archs), "num_warps": 4, "num_stages": 1}
+    sig = {"X": f"*{ty}", "Amax": "*fp32", "Out": "*fp8e4nv", "L": "i32", "H": "i32"}
+    for n in ("stride_xb", "stride_xh", "stride_xl", "stride_ob", "stride_oh", "stride_od"):
+        sig[n] = "i32"
+    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_L", "INT64", "ALIGN8"):
+        sig[n] = "constexpr"
+    sig2 = {"X": f"*{ty}", "Amax": "*fp32", "L": "i32", "H": "i32", "stride_xb": "i32", "stride_xh": "i32",
+            "stride_xl": "i32"}
+    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_L", "CHUNK", "INT64", "ALIGN8"):
+        sig2[n] = "constexpr"
+    return [(quant_v_fp8_kernel, sig, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_L": 64, "INT64": False, "ALIGN8": True},
+             opts),
+            (v_absmax_kernel, sig2, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_L": 32, "CHUNK": 256, "INT64": True,
+                                     "ALIGN8": False}, opts)]
 
 
 def all_compile_specs():
@@ -826,6 +1199,10 @@ def all_compile_specs():
                 for int8 in ((False, True) if int8_supported(cc) else (False,)):
                     for cfg in candidates(cc, bd, 2, int8):
                         specs.append(_spec(dtype, int8, bd, cfg, archs))
+                if any(fp8_pv_supported(a) for a in archs):
+                    fa = tuple(a for a in archs if fp8_pv_supported(a))
+                    for cfg in candidates(fa[0], bd, 2, "int8-fp8pv"):
+                        specs.append(_spec(dtype, True, bd, cfg, fa, pv_mode=1))
     return specs
 
 

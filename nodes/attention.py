@@ -20,26 +20,28 @@ log = logging.getLogger("TritonKit")
 try:  # a broken Triton must not stop the node from loading: every call then falls back
     from ..kernels import attention as A
     from ..kernels.runtime import cpu_mode, force_triton_on_cpu
+    from . import calibration as calib
     _IMPORT_ERROR = None
 except Exception as _e:  # noqa: BLE001
     A = None
+    calib = None
     _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 MODES = ("auto", "exact", "8-bit")
 
-# auto picks 8-bit only where it pays and is safe: long self-attention with head size >= 96
-# (video DiTs: on an H200 8-bit is 1.11x exact at 16k-33k keys, a tie at Flux's 4.6k, slower at
-# SDXL's head size 64). Short or text cross-attention, SD's 40/64/80 heads and callers that ask
-# for precision (attn_precision=fp32, low_precision_attention=False) stay exact.
+# auto measures: the first call of a shape class (head size, query/key-length buckets, dtype,
+# mask, layout) on a GPU times ComfyUI's own attention (the function the node would fall back to,
+# usually PyTorch SDPA), our exact kernel and, where the caller allows low precision, our 8-bit
+# one, on the call's real tensors, and keeps the fastest (kernels/calibration.py, stored on disk
+# per GPU / driver / torch / Triton / pack version). The constants below are only the
+# conservative defaults where nothing can be timed (CPU, the interpreter, TRITONKIT_CALIBRATION=0,
+# a compiled graph traced before any eager call); they come from one H200 (BENCHMARKS.md):
+# 8-bit from 8192 keys at head size >= 96, ComfyUI's SDPA kept on the archs where torch's SDPA
+# prefers cuDNN (arch.CUDNN_SDPA_ARCHS) and for head sizes that are not a multiple of 32.
+# Callers that ask for precision (attn_precision=fp32, low_precision_attention=False) and the
+# exact mode never get 8-bit. Explicit exact / 8-bit always run our kernels.
 AUTO_INT8_MIN_KEYS = 8192
 AUTO_INT8_MIN_HEAD = 96
-
-# auto also leaves ComfyUI's PyTorch attention (SDPA) in place where SDPA measured faster than both
-# of our modes (BENCHMARKS.md, H200): on the GPUs where torch's SDPA prefers its cuDNN backend
-# (arch.CUDNN_SDPA_ARCHS; cuDNN 458-604 TFLOPS vs our 348-565), and for head sizes that are not a
-# multiple of 32 (SD1.5's 40/80: SDPA 152-263 vs our 100-153). Everywhere else SDPA runs
-# FlashAttention-2 (RTX 30xx/40xx/50xx), which our exact kernel beat 1.42-1.47x and our 8-bit one
-# 1.1-1.6x. Explicit exact / 8-bit always run our kernels.
 
 _lock = threading.Lock()
 _stats = Counter()
@@ -134,19 +136,61 @@ def plan(mode: str, b: dict, force_cpu: bool, func_name: str | None = None) -> t
         kmode = "int8"
     elif mode == "exact":
         kmode = "exact"
-    else:  # auto
+    else:  # auto: the conservative default (calibration may choose another allowed path)
         D = q.shape[-1] if bhld else (q.shape[-1] // heads if heads else 0)
         Lk = k.shape[-2] if bhld else (k.shape[1] if k.ndim == 3 else 0)
         if sdpa_is_faster(func_name, cc, D):
             return None, (f"auto: ComfyUI's PyTorch attention (SDPA) measured faster on sm{cc} at head size {D}"
                           if cc else f"auto: ComfyUI's PyTorch attention (SDPA) measured faster at head size {D}")
-        attn_precision = b.get("attn_precision")
-        kmode = "int8" if (low_precision_ok and A.int8_supported(cc) and attn_precision != torch.float32
-                           and D >= AUTO_INT8_MIN_HEAD and Lk >= AUTO_INT8_MIN_KEYS) else "exact"
+        kmode = "int8" if (int8_allowed(b, cc) and D >= AUTO_INT8_MIN_HEAD and Lk >= AUTO_INT8_MIN_KEYS) else "exact"
     reason = A.check_supported(q, k, v, heads, bhld, kmode, b.get("mask"))
     if reason is not None:
         return None, reason
     return kmode, None
+
+
+def int8_allowed(b: dict, cc) -> bool:
+    """Whether auto may use 8-bit for this call: the caller allows low precision and the GPU can."""
+    return (b.get("low_precision_attention", True) is not False and A.int8_supported(cc)
+            and b.get("attn_precision") != torch.float32)
+
+
+def auto_paths(b: dict, force_cpu: bool, func_name: str | None):
+    """For auto: (default path, the kernel modes this call allows) where ComfyUI's attention
+    ("comfy") is always allowed, or (None, reason) when only ComfyUI's attention can serve it."""
+    kmode, reason = plan("auto", b, force_cpu, func_name)
+    if kmode is None and not (reason or "").startswith("auto:"):
+        return None, reason
+    q, k, v = b["q"], b["k"], b["v"]
+    bhld = bool(b.get("skip_reshape", False))
+    cc = _arch(q.device)
+    allowed = [m for m in ("exact", "int8")
+               if (m == "exact" or int8_allowed(b, cc))
+               and A.check_supported(q, k, v, b["heads"], bhld, m, b.get("mask")) is None]
+    return (kmode or "comfy"), allowed
+
+
+def _auto_choice(func, args, kwargs, b, force_cpu):
+    """(kernel mode or None for ComfyUI's attention, fallback reason or None), measured."""
+    fname = getattr(func, "__name__", None)
+    default, allowed = auto_paths(b, force_cpu, fname)
+    if default is None:
+        return None, allowed
+    cands = {"comfy": lambda: func(*args, **kwargs)}
+    for m in allowed:
+        cands[m] = (lambda m=m: run_attention(m, b))
+    if default not in cands:
+        default = "comfy"
+    bhld = bool(b.get("skip_reshape", False))
+    q = b["q"]
+    key = calib.attention_key(fname, q, b["k"], b["heads"], bhld, b.get("mask"), cands, _arch(q.device))
+    D = q.shape[-1] if bhld else q.shape[-1] // b["heads"]
+    Lk = b["k"].shape[-2] if bhld else b["k"].shape[1]
+    choice = calib.pick(q.device, key, cands, default, calib.ATTN_PATH_ENV, calib.ATTN_PATHS,
+                        f"attention head {D}, {Lk} keys, {str(q.dtype).replace('torch.', '')}")
+    if choice == "comfy":
+        return None, f"auto: ComfyUI's attention ({fname}) is faster or the default for head size {D} here"
+    return choice, None
 
 
 def run_attention(kmode: str, b: dict):
@@ -163,7 +207,11 @@ def make_override(mode: str):
 
     def tritonkit_attention_override(func, *args, **kwargs):
         b = _bind(args, kwargs)
-        kmode, reason = plan(mode, b, A is not None and force_triton_on_cpu(), getattr(func, "__name__", None))
+        force_cpu = A is not None and force_triton_on_cpu()
+        if mode == "auto" and A is not None and calib is not None:
+            kmode, reason = _auto_choice(func, args, kwargs, b, force_cpu)
+        else:
+            kmode, reason = plan(mode, b, force_cpu, getattr(func, "__name__", None))
         if kmode is not None:
             try:
                 out = run_attention(kmode, b)
@@ -204,14 +252,15 @@ def describe(mode: str, model) -> str:
     elif mode == "exact":
         lines.append("kernel: exact (fp32 softmax and accumulation)")
     else:
-        lines.append(f"kernel: 8-bit for head size >= {AUTO_INT8_MIN_HEAD} and >= {AUTO_INT8_MIN_KEYS} keys"
-                     + ("" if A.int8_supported(cc) else " (not on this GPU)") + ", exact elsewhere")
-        if cc in CUDNN_SDPA_ARCHS:
-            lines.append(f"auto on sm{cc}: PyTorch SDPA (cuDNN) measured faster, so calls ComfyUI sends to SDPA "
-                         "stay there; pick exact or 8-bit to force the Triton kernels")
-        else:
-            lines.append("auto: head sizes that are not a multiple of 32 (SD1.5's 40/80) stay on PyTorch SDPA, "
-                         "which measured faster there")
+        lines.append("auto: per shape class, the fastest of ComfyUI's attention, exact and 8-bit"
+                     + ("" if A.int8_supported(cc) else " (8-bit not on this GPU)")
+                     + " measured on this GPU at its first call (8-bit only where the caller allows low precision)")
+        lines.extend(calib.describe(dev if dev is not None else "cpu", "attention|"))
+        if calib.forced(calib.ATTN_PATH_ENV, calib.ATTN_PATHS):
+            lines.append(f"forced by {calib.ATTN_PATH_ENV}={calib.forced(calib.ATTN_PATH_ENV, calib.ATTN_PATHS)}")
+        lines.append(f"defaults where nothing is timed: 8-bit for head size >= {AUTO_INT8_MIN_HEAD} and "
+                     f">= {AUTO_INT8_MIN_KEYS} keys, exact elsewhere, ComfyUI's SDPA on "
+                     f"sm{'/'.join(str(a) for a in CUDNN_SDPA_ARCHS)} and for head sizes not a multiple of 32")
     lines.append(f"dtypes: {', '.join(str(d).replace('torch.', '') for d in A.supported_dtypes(cc))}; "
                  f"head size <= {A.MAX_HEAD_DIM}; anything else uses ComfyUI's attention (logged once per reason)")
     return "\n".join(lines)
@@ -221,6 +270,8 @@ def patch_model(model, mode: str):
     clone = model.clone()
     topts = clone.model_options.setdefault("transformer_options", {})
     topts["optimized_attention_override"] = make_override(mode)
+    if mode == "auto" and calib is not None:
+        calib.add_wrapper(clone)  # under TorchCompileModel: the first call runs eagerly and calibrates
     return clone, describe(mode, model)
 
 
@@ -232,8 +283,8 @@ class TritonAttention:
     OUTPUT_TOOLTIPS = ("The model with its attention routed through the Triton kernel.",)
     DESCRIPTION = ("Runs the model's attention through TritonKit's Triton FlashAttention kernel. exact: fp32 "
                    "softmax/accumulation, same accuracy as PyTorch SDPA. 8-bit: int8 Q·K (SageAttention style), "
-                   "faster, cosine >= 0.999. auto: 8-bit on long self-attention with head size >= 96, exact "
-                   "elsewhere, and PyTorch SDPA kept where it measured faster (cuDNN attention on H100/H200/B200, head sizes like 40/80). "
+                   "faster, cosine >= 0.999. auto: the fastest of ComfyUI's attention, exact and 8-bit, measured on your GPU "
+                   "the first time each shape class runs and remembered (8-bit only where the model allows low precision). "
                    "Calls it can't serve use ComfyUI's attention (logged once). Put TorchCompileModel "
                    "after it if you compile.")
 
@@ -242,8 +293,8 @@ class TritonAttention:
         return {"required": {
             "model": ("MODEL",),
             "mode": (list(MODES), {"default": "auto", "tooltip":
-                     "auto: 8-bit where it is safe and pays (long self-attention, head size >= 96), exact "
-                     "elsewhere; PyTorch SDPA kept where it measured faster. exact: fp16/bf16 in, fp32 softmax. "
+                     "auto: times ComfyUI's attention, exact and 8-bit once per shape class on this GPU and keeps the "
+                     "fastest (TRITONKIT_ATTN_PATH=sdpa|exact|int8 forces one). exact: fp16/bf16 in, fp32 softmax. "
                      "8-bit: int8 Q·K everywhere it may."}),
         }}
 

@@ -120,6 +120,98 @@ def test_int8_with_outliers(dtype, poison):
              outliers=True)
 
 
+def cos_stats(out, ref):
+    """(global cosine, worst row cosine, all finite) of (..., D) outputs."""
+    o, r = out.double(), ref.double()
+    o2, r2 = o.reshape(-1, o.shape[-1]), r.reshape(-1, r.shape[-1])
+    g = torch.nn.functional.cosine_similarity(o.flatten(), r.flatten(), dim=0).item()
+    rows = torch.nn.functional.cosine_similarity(o2, r2, dim=-1).min().item()
+    return g, rows, bool(torch.isfinite(out).all())
+
+
+def make_8bit_inputs(B, H, L, D, dtype, kind, seed, device="cpu"):
+    """(B, H, L, D) q, k, v: "normal" or "outliers" (DiT-like: large Q channels, K and V channels
+    with big offsets, one V channel 20x the others)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, L, D, generator=gen) for _ in range(3))
+    if kind == "outliers":
+        ch = torch.randperm(D, generator=gen)[: max(1, D // 16)]
+        k[..., ch] += 30.0 * torch.randn(len(ch), generator=gen)
+        q[..., ch] *= 8.0
+        k = k * 0.25
+        v[..., ch] += 5.0 * torch.randn(len(ch), generator=gen)
+        v[..., ch[0]] *= 20.0
+    return tuple(x.to(dtype).to(device) for x in (q, k, v))
+
+
+EIGHT_BIT_GOAL = (0.999, 0.995)  # global cosine, worst-row cosine vs float64
+
+
+@pytest.mark.parametrize("kind", ["normal", "outliers"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_fp8_pv_arithmetic_meets_the_accuracy_goal(kind, D):
+    # The fp8 P·V path needs fp8 MMA (sm89+); the interpreter's float8 conversions are not the
+    # hardware's, so its arithmetic is checked here through the torch emulation (the GPU test
+    # below checks the kernel against the same emulation and the float64 reference).
+    q, k, v = make_8bit_inputs(1, 3, 640, D, torch.bfloat16, kind, 5 + D)
+    ref = A.attention_reference(q, k, v, layout="bhld")
+    for pv in ("fp8", "half"):
+        out = A.attention_8bit_emulated(q, k, v, pv=pv)
+        g, rows, finite = cos_stats(out, ref)
+        assert finite and g >= EIGHT_BIT_GOAL[0] and rows >= EIGHT_BIT_GOAL[1], (pv, kind, D, g, rows)
+
+
+@pytest.mark.parametrize("layout", ["bhld", "bld"])
+def test_v_absmax_kernel(layout):
+    # the per-channel max |v| the fp8 V copy is scaled by (one atomic max per chunk of rows)
+    gen = torch.Generator().manual_seed(4)
+    B, H, L, D = 2, 3, 300, 40
+    v = torch.randn(B, H, L, D, generator=gen).to(torch.bfloat16)
+    v[1, 2, 257, 7] = -50.0
+    x = v if layout == "bhld" else v.transpose(1, 2).contiguous().view(B, L, H, D)
+    sv = (x.stride(0), x.stride(1), x.stride(2)) if layout == "bhld" else (x.stride(0), x.stride(2), x.stride(1))
+    amax = torch.zeros(B, H, 64)
+    with A._interpreted_device_calls("cpu"):
+        A.kernel_for(A.v_absmax_kernel, "cpu")[(2 * B * H,)](
+            x, amax, L, H, *sv, HEAD_DIM=D, BLOCK_D=64, BLOCK_L=32, CHUNK=256, INT64=False)
+    assert torch.equal(amax[..., :D], v.float().abs().amax(2)) and amax[..., D:].abs().max() == 0
+
+
+def test_emulation_matches_the_int8_kernel():
+    # the emulation's int8 Q·K and online softmax are the kernel's (P·V in the input dtype here)
+    q, k, v = make_8bit_inputs(1, 2, 96, 64, torch.float16, "outliers", 9)
+    out = A.attention(q, k, v, layout="bhld", mode="int8", config=(32, 32, 4, 1), pv="half")
+    emu = A.attention_8bit_emulated(q, k, v, block_n=32, pv="half")
+    err = ((out.double() - emu.double()).norm() / emu.double().norm()).item()
+    assert err < 2e-3, err
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_f16acc_pv_variant(dtype, poison):
+    # opt-in fp16-accumulate P·V (GeForce Ampere/Ada run it at twice the fp32-accumulate rate)
+    for kind in ("normal", "outliers"):
+        q, k, v = make_8bit_inputs(1, 2, 80, 64, dtype, kind, 3)
+        out = poison(torch.empty_like(q))
+        A.attention(q, k, v, layout="bhld", mode="int8", config=(32, 32, 4, 1), pv="f16acc", out=out)
+        g, rows, finite = cos_stats(out, A.attention_reference(q, k, v, layout="bhld"))
+        assert finite and g >= EIGHT_BIT_GOAL[0] and rows >= EIGHT_BIT_GOAL[1], (kind, g, rows)
+
+
+def test_pv_argument_checks():
+    q = torch.zeros(1, 1, 16, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="fp8 MMA"):
+        A.attention(q, q, q, layout="bhld", mode="int8", pv="fp8")
+    with pytest.raises(ValueError, match="mode='int8' only"):
+        A.attention(q, q, q, layout="bhld", mode="exact", pv="f16acc")
+    with pytest.raises(ValueError, match="pv must be one of"):
+        A.attention(q, q, q, layout="bhld", mode="int8", pv="fp4")
+    assert A.pv_mode_for("auto", 90, True) == 1 and A.pv_mode_for("auto", 89, True, 1024) == 1
+    assert A.pv_mode_for("auto", 90, True, 4096) == 0 and A.pv_mode_for("auto", 90, True, 32760) == 1
+    assert A.pv_mode_for("fp8", 90, True, 4096) == 1 and A.pv_mode_for("auto", 120, True, 4096) == 1
+    assert A.pv_mode_for("auto", 86, True) == 0 and A.pv_mode_for("auto", None, True) == 0
+    assert A.pv_mode_for("auto", 90, False) == 0 and A.pv_mode_for("f16acc", 86, True) == 2
+
+
 def test_cross_attention_sd_context(poison):
     # SD1.5 attn2: 8 heads of 40 over 77 text tokens, L_q not a block multiple
     run_case(2, 8, 1, 72, 77, 40, torch.float16, "bld", "bld", "exact", "none", 1, False, None, None, 1, poison)
@@ -163,6 +255,22 @@ def test_int64_offsets_path(poison, monkeypatch):
     for mode in A.MODES:
         run_case(2, 2, 2, 37, 29, 40, torch.float16, "bld", "bhld", mode, "add", 3, True, None, (16, 16, 4, 1), 5,
                  poison)
+
+
+@pytest.mark.parametrize("layout", ["bld", "bhld"])
+@pytest.mark.parametrize("D", [40, 64])
+def test_tma_tile_addressing_in_the_interpreter(layout, D, poison, monkeypatch):
+    # Exact mode's TMA path (opt-in, sm90+): K / V tiles through 2-D tensor descriptors, head and
+    # batch offsets as row / column coordinates, padding columns and rows past L_k from the
+    # neighbouring head (bld) or the zero fill (bhld). GQA, a mask and causal on top.
+    monkeypatch.setattr(A, "TMA_IN_INTERPRETER", True)
+    monkeypatch.setenv("TRITONKIT_ATTN_TMA", "1")
+    for dtype in (torch.float16, torch.bfloat16):
+        run_case(2, 4, 2, 37, 45, D, dtype, layout, layout, "exact", "bool", 2, True, None, (16, 16, 4, 1), D,
+                 poison)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = make_qkv(1, 2, 2, 20, 20, D, torch.float16, layout, gen)
+    assert A._tma_view(*(A._split(x, 2, layout == "bhld")[0] for x in (k, v)), 1, 2, 20, D, layout == "bhld")
 
 
 def test_layouts_match_each_other():
@@ -221,7 +329,7 @@ compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v, mask) 
 eager = f(q, k, v, mask)
 assert torch.equal(eager, compiled)
 torch.library.opcheck(torch.ops.tritonkit.attention.default,
-                      (q, k, v, mask, 2, False, True, None, False, False, 16, 16, 4, 1),
+                      (q, k, v, mask, 2, False, True, None, False, False, 16, 16, 4, 1, "auto"),
                       test_utils=("test_schema", "test_faketensor"))
 print("custom op ok")
 """
@@ -245,9 +353,11 @@ def _compile_one(job):
     try:
         k = compile_for(kernel, sig, consts, cc, opts["num_warps"], opts["num_stages"])
         ptx = k.asm["ptx"]
-        return i, cc, None, len(k.asm["cubin"]), f"sm_{cc}" in ptx, "wgmma" in ptx
+        fp8_mma = ".f32.e4m3.e4m3" in ptx  # mma.sync (sm89, sm120) or wgmma (sm90)
+        tma = "cp.async.bulk.tensor" in ptx
+        return i, cc, None, len(k.asm["cubin"]), f"sm_{cc}" in ptx, "wgmma" in ptx, fp8_mma, tma
     except Exception as e:  # noqa: BLE001
-        return i, cc, f"{type(e).__name__}: {str(e)[:400]}", 0, False, False
+        return i, cc, f"{type(e).__name__}: {str(e)[:400]}", 0, False, False, False, False
 
 
 def test_compiles_for_every_arch():
@@ -265,11 +375,15 @@ def test_compiles_for_every_arch():
         results = [_compile_one(j) for j in jobs]
     failed = [(i, cc, err) for i, cc, err, *_ in results if err]
     assert not failed, failed
-    for i, cc, _, cubin_len, has_arch, wgmma in results:
+    for i, cc, _, cubin_len, has_arch, wgmma, fp8_mma, tma in results:
         consts = A.COMPILE_SPECS[i][2]
         assert cubin_len > 0 and has_arch, (i, cc)
         if cc == 90 and A.COMPILE_SPECS[i][0] is A.attn_fwd_kernel and consts["HEAD_DIM"] == 128:
             assert wgmma, f"spec {i}: the Hopper kernel should use wgmma"
+        if A.COMPILE_SPECS[i][0] is A.attn_fwd_kernel and consts["USE_TMA"]:
+            assert tma, f"spec {i} on sm{cc}: K / V should load through TMA"
+        if A.COMPILE_SPECS[i][0] is A.attn_fwd_kernel and consts["PV_MODE"] == 1:
+            assert fp8_mma, f"spec {i} on sm{cc}: P·V should run as an e4m3 MMA"
     assert len(results) == len(jobs)
 
 
@@ -316,6 +430,47 @@ def test_cuda_outliers_and_causal(mode, poison):
     run_case(1, 8, 1, 4096, 4096, 128, torch.bfloat16, "bhld", "bhld", mode, "none", 1, False, None, None, 2,
              poison, outliers=True, device="cuda")
     run_case(1, 8, 1, 2000, 2000, 64, torch.float16, "bhld", "bhld", mode, "none", 1, True, None, None, 3,
+             poison, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pv", ["auto", "fp8", "half", "f16acc"])
+@pytest.mark.parametrize("kind", ["normal", "outliers"])
+@pytest.mark.parametrize("shape", [(2, 10, 4096, 64), (1, 24, 4608, 128), (2, 8, 1024, 40), (1, 4, 1000, 256),
+                                   (1, 2, 32760, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_cuda_8bit_variants_meet_the_accuracy_goal(shape, kind, pv, poison):
+    B, H, L, D = shape
+    if pv == "fp8" and not A.fp8_pv_supported(A._device_cc(torch.device("cuda"))):
+        pytest.skip("no fp8 MMA on this GPU")
+    q, k, v = make_8bit_inputs(B, H, L, D, torch.bfloat16, kind, L + D, device="cuda")
+    out = poison(torch.empty_like(q))
+    A.attention(q, k, v, layout="bhld", mode="int8", pv=pv, out=out)
+    fp8 = pv == "fp8" or (pv == "auto" and A.pv_mode_for("auto", A._device_cc(q.device), True, L) == 1)
+    rows = torch.randperm(L, generator=torch.Generator().manual_seed(0))[:256].cuda()
+    ref = A.attention_reference(q[:, :, rows], k, v, layout="bhld")
+    g, worst, finite = cos_stats(out[:, :, rows], ref)
+    assert finite and g >= EIGHT_BIT_GOAL[0] and worst >= EIGHT_BIT_GOAL[1], (g, worst)
+    if fp8 and B * H * L <= 40000:
+        # the fp8 kernel computes what the emulation computes (up to fp32 summation order and the
+        # MMA's accumulator precision)
+        emu = A.attention_8bit_emulated(q.cpu(), k.cpu(), v.cpu()).to(out.device)
+        err = ((out.double() - emu.double()).norm() / emu.double().norm()).item()
+        assert err < 5e-3, err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", ["1", "ws"])
+def test_cuda_exact_tma_path(tma, poison, monkeypatch):
+    # the opt-in TMA loads (sm90+; elsewhere this runs the pointer path and checks the same)
+    monkeypatch.setenv("TRITONKIT_ATTN_TMA", tma)
+    run_case(2, 8, 1, 4096, 4096, 40, torch.float16, "bld", "bld", "exact", "none", 1, False, None, None, 1,
+             poison, device="cuda")
+    run_case(1, 24, 1, 4608, 4608, 128, torch.bfloat16, "bhld", "bhld", "exact", "none", 1, False, None, None, 2,
+             poison, device="cuda")
+    run_case(2, 16, 4, 1000, 1100, 128, torch.float16, "bld", "bld", "exact", "bool", 4, True, None, None, 3,
+             poison, device="cuda")
+    run_case(1, 4, 1, 777, 777, 80, torch.bfloat16, "bhld", "bld", "exact", "add", -4, False, None, None, 4,
              poison, device="cuda")
 
 
