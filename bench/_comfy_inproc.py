@@ -1,4 +1,5 @@
-"""ComfyUI 0.3.75 imported in-process, with this pack loaded the way ComfyUI loads it.
+"""ComfyUI (0.3.75 or 0.8.0, the tree ``TK_COMFYUI`` names) imported in-process, with this pack
+loaded the way ComfyUI loads it.
 
 Why in-process rather than a server driven through ``/prompt``: the benchmark needs a timer
 around every diffusion-model call (an ``APPLY_MODEL`` wrapper, ComfyUI's own extension point),
@@ -29,6 +30,23 @@ def comfyui_dir() -> Path:
     return Path(os.environ.get("TK_COMFYUI", REPO / ".comfyui"))
 
 
+def _kitchen_overlay(cdir: Path) -> None:
+    """ComfyUI 0.8+ needs comfy-kitchen (and its frontend packages); where they are not installed
+    in this Python but sit in an overlay folder (``TK_COMFYUI_SITE``, or ``<tree>-site`` next to
+    the tree, as scripts/setup_env.sh lays them out), that folder goes first on sys.path."""
+    if not (cdir / "comfy" / "quant_ops.py").is_file():
+        return
+    try:
+        import comfy_kitchen  # noqa: F401
+        return
+    except ImportError:
+        pass
+    for site in (os.environ.get("TK_COMFYUI_SITE"), f"{cdir}-site"):
+        if site and (Path(site) / "comfy_kitchen").is_dir() and site not in sys.path:
+            sys.path.insert(0, site)
+            return
+
+
 def setup(device: str, models_dir: str | os.PathLike, pack: bool = True) -> dict:
     """Imports ComfyUI (once per process) for ``device`` ("cpu" or "cuda"), registers
     ``models_dir`` as a ``diffusion_models`` folder and loads this pack. Returns a dict with
@@ -42,6 +60,7 @@ def setup(device: str, models_dir: str | os.PathLike, pack: bool = True) -> dict
         raise RuntimeError(f"ComfyUI not found at {cdir} (set TK_COMFYUI or run scripts/setup_env.sh)")
     if str(cdir) not in sys.path:
         sys.path.insert(0, str(cdir))
+    _kitchen_overlay(cdir)
     import comfy.options  # noqa: F401  (args parsing stays off: defaults)
     import comfy.cli_args
     if device == "cpu":

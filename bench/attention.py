@@ -1,5 +1,12 @@
-"""Attention benchmark: TritonKit exact and 8-bit vs PyTorch SDPA (FA2 "flash" and cuDNN backends)
-and sageattention 1.0.6 (Triton, int8 QK), on the shapes of real diffusion models.
+"""Attention benchmark: TritonKit exact and 8-bit vs PyTorch SDPA (FA2 "flash" and cuDNN backends),
+sageattention (Triton, int8 QK) and comfy-kitchen's int8_attention (CUDA, INT8 Q/K/V/P; the kernel
+library current ComfyUI depends on), where importable, on the shapes of real diffusion models.
+
+Our 8-bit mode is measured in its P·V variants: ``ours_8bit`` (auto, what the node runs),
+``ours_8bit_fp8`` (fp8 e4m3 P·V, sm89+ only), ``ours_8bit_halfpv`` (P·V in the input dtype) and
+``ours_8bit_f16acc`` (opt-in fp16-accumulate P·V, aimed at GeForce cards); exact mode also with
+its opt-in TMA loads (``ours_exact_tma``) and TMA + warp-specialisation request
+(``ours_exact_tma_ws``), sm90+.
 
 TFLOPS = 4·B·H·L²·D / t (forward, non-causal). Times are whole calls as a ComfyUI node makes them:
 ours and Sage include their quantisation / smoothing pre-passes. Accuracy is measured on sampled
@@ -57,9 +64,33 @@ def sage():
     return f, None
 
 
-def ours(mode):
+def kitchen():
+    try:
+        import comfy_kitchen as ck
+        if hasattr(ck, "int8_attention_is_available") and not ck.int8_attention_is_available():
+            return None, "comfy_kitchen int8_attention not available on this GPU/build"
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"
+
     def f(q, k, v):
-        return A.attention(q, k, v, layout="bhld", mode=mode)
+        return ck.int8_attention(q, k, v)
+    return f, None
+
+
+def ours(mode, pv="auto", tma="0"):
+    import os
+
+    def f(q, k, v):
+        # exact mode's opt-in TMA path (sm90+) is switched per call by its environment variable
+        old = os.environ.get("TRITONKIT_ATTN_TMA")
+        os.environ["TRITONKIT_ATTN_TMA"] = tma
+        try:
+            return A.attention(q, k, v, layout="bhld", mode=mode, pv=pv)
+        finally:
+            if old is None:
+                del os.environ["TRITONKIT_ATTN_TMA"]
+            else:
+                os.environ["TRITONKIT_ATTN_TMA"] = old
     return f
 
 
@@ -101,13 +132,17 @@ def kernel_reports():
                 consts = {}
                 for key, val in ck.src.constants.items():
                     name = names[key[0]] if isinstance(key, tuple) else key
-                    if name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "INT8", "MASK_KIND", "ALIGN8", "IS_CAUSAL"):
+                    if name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "INT8", "MASK_KIND", "ALIGN8", "IS_CAUSAL",
+                                "PV_MODE", "USE_TMA", "WARP_SPEC"):
                         consts[name] = val
                 ptx = ck.asm["ptx"]
                 reps.append({**consts, "num_warps": ck.metadata.num_warps, "num_stages": ck.metadata.num_stages,
                              "n_regs": ck.n_regs, "n_spills": ck.n_spills, "shared": ck.metadata.shared,
                              "wgmma": "wgmma" in ptx, "mma_sync": "mma.sync" in ptx,
-                             "cp_async": "cp.async" in ptx, "ld_v4": "ld.global.v4" in ptx})
+                             "fp8_mma": ".e4m3.e4m3" in ptx, "int8_mma": ".s8.s8" in ptx,
+                             "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": "setmaxnreg" in ptx,
+                             "cp_async": "cp.async" in ptx,
+                             "ld_v4": "ld.global.v4" in ptx, "ld_scalar_b16": ptx.count("ld.global.b16")})
             except Exception as e:  # noqa: BLE001
                 reps.append({"error": f"{type(e).__name__}: {e}"})
     return reps
@@ -119,21 +154,32 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--methods", default=None, help="comma-separated subset of the methods")
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     dev = torch.cuda.get_device_name()
     import importlib.metadata as md
-    try:
-        sage_v = md.version("sageattention")
-    except Exception:  # noqa: BLE001
-        sage_v = "not installed"
+    vers = {}
+    for dist in ("sageattention", "comfy-kitchen"):
+        try:
+            vers[dist] = md.version(dist)
+        except Exception:  # noqa: BLE001
+            vers[dist] = "not installed"
     env = {"device": dev, "cc": A._device_cc(torch.device("cuda")), "torch": torch.__version__,
-           "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(), "sageattention": sage_v,
+           "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(), **vers,
            "dtype": str(dtype)}
     print(json.dumps(env))
     sage_fn, sage_err = sage()
-    methods = {"sdpa_fa2": sdpa("flash"), "sdpa_cudnn": sdpa("cudnn"), "sage1": sage_fn,
-               "ours_exact": ours("exact"), "ours_8bit": ours("int8")}
+    kitchen_fn, kitchen_err = kitchen()
+    errors = {"sage": sage_err, "kitchen_int8": kitchen_err}
+    methods = {"sdpa_fa2": sdpa("flash"), "sdpa_cudnn": sdpa("cudnn"), "sage": sage_fn,
+               "kitchen_int8": kitchen_fn,
+               "ours_exact": ours("exact"), "ours_exact_tma": ours("exact", tma="1"),
+               "ours_exact_tma_ws": ours("exact", tma="ws"),
+               "ours_8bit": ours("int8"), "ours_8bit_fp8": ours("int8", "fp8"),
+               "ours_8bit_halfpv": ours("int8", "half"), "ours_8bit_f16acc": ours("int8", "f16acc")}
+    if args.methods:
+        methods = {n: f for n, f in methods.items() if n in args.methods.split(",")}
     results = []
     for name in args.shapes.split(","):
         shape = SHAPES[name]
@@ -145,7 +191,7 @@ def main():
         row = {"shape": name, "BHLD": shape}
         for mname, fn in methods.items():
             if fn is None:
-                row[mname] = {"error": sage_err}
+                row[mname] = {"error": errors.get(mname) or "not available"}
                 continue
             try:
                 out = fn(q, k, v)
@@ -166,18 +212,20 @@ def main():
 
     # markdown table
     names = list(methods)
-    print("\n| shape (B,H,L,D) | " + " | ".join(names) + " | ours/cuDNN exact | ours/cuDNN 8-bit |")
-    print("|---" * (len(names) + 3) + "|")
+    print("\n| shape (B,H,L,D) | " + " | ".join(names) + " | ours/cuDNN exact | ours/cuDNN 8-bit | ours/FA2 exact |")
+    print("|---" * (len(names) + 4) + "|")
     for r in results:
         cells = []
         for n in names:
-            m = r[n]
+            m = r.get(n, {"error": "not run"})
             cells.append("n/a" if "error" in m else f"{m['tflops']:.0f} (cos {m['cos']:.5f})")
-        cud = r["sdpa_cudnn"].get("tflops")
-        ex = r["ours_exact"].get("tflops")
-        i8 = r["ours_8bit"].get("tflops")
+        cud = r.get("sdpa_cudnn", {}).get("tflops")
+        ex = r.get("ours_exact", {}).get("tflops")
+        i8 = r.get("ours_8bit", {}).get("tflops")
         ratio = (lambda a: f"{a / cud:.2f}x" if (a and cud) else "n/a")
-        print(f"| {r['shape']} {tuple(r['BHLD'])} | " + " | ".join(cells) + f" | {ratio(ex)} | {ratio(i8)} |")
+        fa2 = r.get("sdpa_fa2", {}).get("tflops")
+        exfa = f"{ex / fa2:.2f}x" if (ex and fa2) else "n/a"
+        print(f"| {r['shape']} {tuple(r['BHLD'])} | " + " | ".join(cells) + f" | {ratio(ex)} | {ratio(i8)} | {exfa} |")
     print("\nautotune choices:", {str(k): v for k, v in A.tune_cache().items()})
     kreps = kernel_reports()
     for r in kreps:

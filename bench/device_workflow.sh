@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs bench/workflow.py on a GPU machine that has torch/triton/safetensors but neither ComfyUI
-# nor its extra requirements. Prepare here first (both paths are git-ignored):
-#   bash bench/device_workflow.sh --prepare     # .device/comfyui.tar.gz + .device/whl/*.whl
+# nor its extra requirements. Prepare here first (every path is git-ignored):
+#   bash bench/device_workflow.sh --prepare     # .device/comfyui.tar.gz (0.3.75), .device/comfyui-0.8.0.tar.gz,
+#                                               # .device/whl/*.whl (ComfyUI's extras, comfy-kitchen, sageattention)
 # then on the GPU machine, from the repository root (carry .device):
-#   bash bench/device_workflow.sh [workflow.py args...]     # results in $OUT (or artifacts/workflow)
+#   bash bench/device_workflow.sh [--comfyui 0.8.0] [workflow.py args...]   # results in $OUT (or artifacts/workflow)
+#   bash bench/device_workflow.sh --setup-only [--comfyui 0.8.0]   # only install/unpack; then `source /tmp/tk_env.sh`
 set -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,17 +23,67 @@ if [ "$1" = "--prepare" ]; then
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
       -d .device/whl "$p" || exit 1
   done
-  du -sh .device
+  # ComfyUI 0.8.0 (comfy-kitchen era): the upstream tree as scripts/setup_env.sh unpacks it.
+  tar -czf .device/comfyui-0.8.0.tar.gz --exclude='__pycache__' --exclude='*.pyc' \
+    --exclude='.comfyui-0.8.0/tests' --exclude='.comfyui-0.8.0/tests-unit' \
+    --exclude='.comfyui-0.8.0/comfy_api_nodes' --exclude='.comfyui-0.8.0/custom_nodes' \
+    --exclude='.comfyui-0.8.0/output' --exclude='.comfyui-0.8.0/input' --exclude='.comfyui-0.8.0/models' \
+    --exclude='.comfyui-0.8.0/user' --exclude='.comfyui-0.8.0/temp' .comfyui-0.8.0
+  # comfy-kitchen: 0.2.3 (what ComfyUI 0.8.0 shipped with, 0.6 MB) for the workflows; 0.2.40 (its int8
+  # attention, an anchor of bench/attention.py) in .device/whl-ck without its 158 MB HIP library, useless on
+  # NVIDIA: carry one or the other (.device/whl with av and 0.2.40 together exceed a call's 64 MiB).
+  # sageattention 1.0.6: an attention anchor, pure Python + Triton.
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 -d .device/whl comfy-kitchen==0.2.3 || exit 1
+  tmp="$(mktemp -d)"; mkdir -p .device/whl-ck
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 -d "$tmp" comfy-kitchen==0.2.40 || exit 1
+  python3 - "$tmp"/comfy_kitchen-*.whl .device/whl-ck <<'PY' || exit 1
+import os, sys, zipfile
+src, dest = sys.argv[1], sys.argv[2]
+out = os.path.join(dest, os.path.basename(src))
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
+    for info in zin.infolist():
+        if info.filename.startswith("comfy_kitchen/backends/hip/_C"):
+            continue
+        data = zin.read(info)
+        if info.filename.endswith(".dist-info/RECORD"):
+            data = b"".join(l + b"\n" for l in data.splitlines() if b"backends/hip/_C" not in l)
+        zout.writestr(info, data)
+PY
+  rm -rf "$tmp"
+  python3 -m pip download -q --no-deps -d .device/whl sageattention==1.0.6 || exit 1
+  du -sh .device .device/*
   exit 0
 fi
 
+tree=.comfyui
+if [ "$1" = "--comfyui" ]; then
+  case "$2" in
+    0.3.75) tree=.comfyui ;;
+    0.8.0) tree=.comfyui-0.8.0 ;;
+    *) echo "--comfyui takes 0.3.75 or 0.8.0" >&2; exit 2 ;;
+  esac
+  shift 2
+fi
+setup_only=0
+if [ "$1" = "--setup-only" ]; then setup_only=1; shift; fi
+
 OUT="${OUT:-artifacts/workflow}"
 mkdir -p "$OUT" /tmp/tk_comfy
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tk_site \
-  .device/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/tk_site${PYTHONPATH:+:$PYTHONPATH}
-tar -xzf .device/comfyui.tar.gz -C /tmp/tk_comfy || exit 1
-export TK_COMFYUI=/tmp/tk_comfy/.comfyui PYTHONUNBUFFERED=1
-export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/tk_inductor}"
+if [ ! -d /tmp/tk_site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tk_site \
+    .device/whl/*.whl || exit 1
+fi
+archive=.device/comfyui.tar.gz
+[ "$tree" = .comfyui-0.8.0 ] && archive=.device/comfyui-0.8.0.tar.gz
+[ -f "/tmp/tk_comfy/$tree/main.py" ] || tar -xzf "$archive" -C /tmp/tk_comfy || exit 1
+cat > /tmp/tk_env.sh <<ENV
+export PYTHONPATH=/tmp/tk_site\${PYTHONPATH:+:\$PYTHONPATH}
+export TK_COMFYUI=/tmp/tk_comfy/$tree PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR=\${TORCHINDUCTOR_CACHE_DIR:-/tmp/tk_inductor}
+ENV
+source /tmp/tk_env.sh
+[ "$setup_only" = 1 ] && exit 0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/nvidia-smi.txt"
 python3 bench/workflow.py --preset gpu --models-dir /tmp/tk_models --out "$OUT" "$@" 2>&1 | tee "$OUT/log.txt"

@@ -7,8 +7,8 @@ written with ``safetensors`` as fp8 e4m3fn (and, for Flux, legacy "scaled fp8" w
 per-layer ``scale_weight``) by ``tests/tiny_models.py``; full-size ones are drawn on the GPU
 and written to ``--models-dir`` (default a temp folder), never downloaded.
 
-ComfyUI (the vendored 0.3.75 in ``.comfyui/``) runs **in-process** (``bench/_comfy_inproc.py``
-says why): its node classes are called directly with the inputs the executor would give them,
+ComfyUI (the tree ``TK_COMFYUI`` names, else ``.comfyui/``: 0.3.75 or 0.8.0) runs **in-process**
+(``bench/_comfy_inproc.py`` says why): its node classes are called directly with the inputs the executor would give them,
 conditioning tensors are fed directly (no text encoders, no VAE) and the latent is zeros, as
 from ``EmptyLatentImage``. One forward per step (cfg 1, as Flux-dev/HunyuanVideo are run).
 
@@ -16,7 +16,8 @@ Per run it measures:
 
 * s/step: mean over steps 2..N (the first step is excluded for every run and reported on its
   own as ``first step``; for compiled runs ``compile`` = first step − s/step, the time a user
-  waits for Inductor). Steps are timed with an ``APPLY_MODEL`` wrapper that synchronises the
+  waits for Inductor). A compiled run whose first call ran eagerly to calibrate compiles in
+  step 2: its s/step starts after the last step that compiled (``timed_from_step``). Steps are timed with an ``APPLY_MODEL`` wrapper that synchronises the
   GPU around each diffusion-model call.
 * peak GPU memory (``torch.cuda.max_memory_allocated`` over the whole KSampler call, weights
   included).
@@ -29,7 +30,7 @@ Per run it measures:
   node modules expose them.
 
 Configurations (``--plan``, comma-separated ``MODEL:CONFIG[:compiled][@ARCH]``):
-``MODEL`` ∈ flux, flux-scaled, hunyuan, hunyuan-scaled; ``CONFIG`` ∈ default, fp8 (Fallback
+``MODEL`` ∈ flux, flux-scaled, flux-scaledin (scaled with input scales), hunyuan, hunyuan-scaled; ``CONFIG`` ∈ default, fp8 (Fallback
 ``auto``), fp8-cast (``cast-only``), attn-exact, attn-8bit, attn-auto, both (fp8 ``auto`` +
 attention ``auto``, the nodes' defaults), both-exact, both-8bit, both-cast (fp8 ``cast-only``
 + attention ``auto``); ``@86`` simulates an RTX 3090 on the GPU at hand: the pack runs with
@@ -39,14 +40,42 @@ everywhere else, the cuDNN SDPA backend is switched off for the run, so ComfyUI'
 attention is what it is on that card. ``default@86`` is therefore a run of its own, and the
 @86 rows are compared with it. ComfyUI's fp8 path is the same below and above sm89 in eager;
 compiled, Inductor's fp8e4nv kernels (counted per run) are what official Triton refuses on a
-real sm86, so ``default:compiled@86`` measures a run that card cannot make. Runs are made in
+real sm86, so ``default:compiled@86`` measures a run that card cannot make: for such runs one
+fp8e4nv kernel is also compiled for that arch (to the cubin) and the outcome (Triton's error) is
+recorded, not raised.
+
+On ComfyUI 0.8+ the scaled-fp8 models load as comfy-kitchen ``QuantizedTensor`` layers, whose path
+ComfyUI picks at load from ``comfy.model_management.supports_fp8_compute``: fp8 matmul on sm89+,
+full precision (dequantize every forward) below. ``@86`` forces that answer to False while the
+model loads and runs, as on an RTX 30xx, so a scaled model gets a separate load for its @86 runs.
+Each fp8-node run records the node's text, the fp8 layers patched (QuantizedTensor ones
+included), those the node left on ComfyUI's path and why. Runs are made in
 the order given; with ``--budget-s`` a run that would not finish in the time left is skipped
 (and listed).
+
+``MODEL:CONFIG:regional`` runs the same nodes, then the pack's **Triton Compile Model** (regional
+compilation: each block class compiled once) instead of ``TorchCompileModel``; its ``compile`` is the
+cold compile when the cache folders start empty (``--compile-cache fresh``: no ``_cold_compile`` for
+these runs, the caches are the point), then two steps at the preset's second size (Flux 768²,
+HunyuanVideo 49 frames: ``second_res.compile_s``), and with ``--restart`` the same run again in a new
+process on the same caches (``warm_restart.compile_s``). Each regional row is also compared with its
+twins: s/step against the same configuration under ``TorchCompileModel`` and the final latent against
+the same configuration eager. Put the regional runs first in a plan: a ``TorchCompileModel`` run
+before them fills Triton's kernel cache, and part of a later "cold" compile would come from it.
 
 Presets: ``tiny`` (CPU, CI: 1+1-block Flux at 64×64 and 1+1-block HunyuanVideo hidden 256),
 ``flux-1024`` (Flux-dev 12B at 1024×1024, 512 text tokens), ``hunyuan`` (HunyuanVideo 13B at
 544×960, 33 frames → 9×68×120 latent, 18,360 image tokens + 256 text tokens),
 ``gpu`` (both, Flux first).
+
+Reproducible figures: ``--rounds N`` runs the plan N times interleaved (per model, A B C A B C …,
+so a drift of the GPU's clocks or temperature hits every configuration alike); each run is
+compared with the default run of the same round, and the summary gives per configuration the
+median s/step and its min–max, and the median and min–max of the per-round ratio against the
+default (a configuration is "never slower" only where the smallest ratio is ≥ 1). Every run
+records what the pack's calibration chose and timed during it (``calibration``; a run that
+finds every choice stored times nothing), and ``--calibration-dir`` says where the choices are
+kept (a second process with the same folder must time nothing).
 
 Output: ``--out DIR`` gets ``workflow.json`` and ``workflow.md`` (rewritten after every run,
 so a run stopped early still leaves what it measured).
@@ -62,6 +91,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -79,6 +109,7 @@ import tiny_models as tm  # noqa: E402
 
 FP8_NODE = "TritonKitFp8Fallback"
 ATTN_NODE = "TritonKitAttention"
+COMPILE_NODE = "TritonKitCompileModel"
 ARCH_ENV = "TRITONKIT_FORCE_ARCH"
 
 # config name → (fp8 mode or None, attention mode or None)
@@ -101,27 +132,32 @@ CONFIGS = {
 MODELS = {
     "flux": ("flux", False, "fp8_e4m3fn"),
     "flux-scaled": ("flux", True, "fp8_e4m3fn"),
+    # scaled fp8 with input scales (a 0-element marker): on ComfyUI 0.8+ its layers are not marked
+    # full-precision, so on sm89+ ComfyUI runs them on comfy-kitchen's fp8 matmul, and @86 (no fp8
+    # compute) on the full-precision path: the case where the @86 simulation changes ComfyUI's choice
+    "flux-scaledin": ("flux", "scale_input", "fp8_e4m3fn"),
     "hunyuan": ("hunyuan", False, "fp8_e4m3fn"),
     "hunyuan-scaled": ("hunyuan", True, "fp8_e4m3fn"),
 }
 
 PRESETS = {
     "tiny": dict(device="cpu", steps=2,  # tiny Flux is 0.56 B parameters (hidden 3072 is forced): ~20 s/step on 2 cores
-                 flux=dict(config=tm.FLUX_TINY_CONFIG, width=64, height=64, frames=0, tokens=8, guidance=3.5),
+                 flux=dict(config=tm.FLUX_TINY_CONFIG, width=64, height=64, frames=0, tokens=8, guidance=3.5,
+                           second=dict(width=48, height=48)),
                  hunyuan=dict(config=tm.HUNYUAN_VIDEO_TINY_CONFIG, width=64, height=64, frames=5, tokens=8,
-                              guidance=6.0),
+                              guidance=6.0, second=dict(frames=9)),
                  # the CI plan (tests/test_workflow_bench.py): on CPU the fused linear runs through the
                  # Triton interpreter at ~2 s a launch, so CI patches with cast-only there
                  plan="hunyuan:default,hunyuan:attn-exact,hunyuan:attn-8bit,hunyuan:both-cast,"
                       "hunyuan:both-cast:compiled,hunyuan-scaled:default,hunyuan-scaled:fp8-cast"),
     "flux-1024": dict(device="cuda", steps=6,
                       flux=dict(config=tm.FLUX_DEV_CONFIG, width=1024, height=1024, frames=0, tokens=512,
-                                guidance=3.5),
+                                guidance=3.5, second=dict(width=768, height=768)),
                       plan="flux:default,flux:both,flux:default:compiled,flux:both:compiled,flux:both@86,"
                            "flux:fp8,flux:attn-exact,flux:attn-8bit,flux:both:compiled@86"),
     "hunyuan": dict(device="cuda", steps=4,
                     hunyuan=dict(config=tm.HUNYUAN_VIDEO_CONFIG, width=960, height=544, frames=33, tokens=256,
-                                 guidance=6.0, steps=4),
+                                 guidance=6.0, steps=4, second=dict(frames=49)),
                     plan="hunyuan:default,hunyuan:both,hunyuan:both@86,hunyuan:default:compiled,"
                          "hunyuan:both:compiled"),
 }
@@ -136,10 +172,16 @@ _FLUX_RUNS = ("flux:default,flux:fp8,flux:attn-exact,flux:attn-8bit,flux:both,"
 _HUNYUAN_RUNS = ("hunyuan:default,hunyuan:fp8,hunyuan:attn-exact,hunyuan:attn-8bit,hunyuan:both,"
                  "hunyuan:default@86,hunyuan:fp8@86,hunyuan:attn-exact@86,hunyuan:attn-8bit@86,hunyuan:both@86,"
                  "hunyuan:default:compiled,hunyuan:both:compiled@86,hunyuan:both:compiled,hunyuan:fp8:compiled")
-_SCALED_RUNS = "flux-scaled:default,flux-scaled:both,flux-scaled:default@86,flux-scaled:both@86"
+# Scaled-fp8 files (QuantizedTensor layers on ComfyUI 0.8+): native runs first, then the @86 ones
+# (their own load: ComfyUI picks the full-precision path at load below sm89).
+_SCALED_RUNS = ("flux-scaled:default,flux-scaled:fp8,flux-scaled:both,flux-scaled:default:compiled,"
+                "flux-scaled:both:compiled,flux-scaled:default@86,flux-scaled:fp8@86,flux-scaled:both@86,"
+                "flux-scaled:default:compiled@86,flux-scaled:fp8:compiled@86,flux-scaled:both:compiled@86")
+_HUNYUAN_SCALED_RUNS = _SCALED_RUNS.replace("flux-scaled", "hunyuan-scaled")
 PRESETS["gpu-flux"] = dict(PRESETS["flux-1024"], plan=_FLUX_RUNS)
 PRESETS["gpu-hunyuan"] = dict(PRESETS["hunyuan"], plan=_HUNYUAN_RUNS)
 PRESETS["gpu-scaled"] = dict(PRESETS["flux-1024"], plan=_SCALED_RUNS)
+PRESETS["gpu-hunyuan-scaled"] = dict(PRESETS["hunyuan"], plan=_HUNYUAN_SCALED_RUNS)
 PRESETS["gpu"] = dict(device="cuda", steps=6, flux=PRESETS["flux-1024"]["flux"],
                       hunyuan=dict(PRESETS["hunyuan"]["hunyuan"]),
                       plan=",".join((_FLUX_RUNS, _HUNYUAN_RUNS, _SCALED_RUNS)))
@@ -152,11 +194,18 @@ class Run:
     compiled: bool = False
     arch: str = "native"
     tag: str = ""
+    round: int = 1
+    regional: bool = False  # through the pack's Triton Compile Model instead of TorchCompileModel
+
+    @property
+    def base_label(self) -> str:
+        """The configuration, the same in every round."""
+        return f"{self.model}:{self.config}{':regional' if self.regional else ''}" + \
+               f"{':compiled' if self.compiled else ''}" + ("" if self.arch == "native" else f"@{self.arch}") + self.tag
 
     @property
     def label(self) -> str:
-        return f"{self.model}:{self.config}{':compiled' if self.compiled else ''}" + \
-               ("" if self.arch == "native" else f"@{self.arch}") + self.tag
+        return self.base_label + (f"#r{self.round}" if self.round > 1 else "")
 
     @classmethod
     def parse(cls, spec: str) -> "Run":
@@ -165,11 +214,12 @@ class Run:
         if "@" in spec:
             spec, arch = spec.split("@", 1)
         parts = spec.split(":")
-        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "compiled"):
-            raise ValueError(f"bad run spec {spec!r}: MODEL:CONFIG[:compiled][@ARCH]")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("compiled", "regional")):
+            raise ValueError(f"bad run spec {spec!r}: MODEL:CONFIG[:compiled|:regional][@ARCH]")
         if parts[0] not in MODELS or parts[1] not in CONFIGS:
             raise ValueError(f"bad run spec {spec!r}: models {list(MODELS)}, configs {list(CONFIGS)}")
-        return cls(parts[0], parts[1], len(parts) == 3, arch)
+        mode = parts[2] if len(parts) == 3 else None
+        return cls(parts[0], parts[1], mode == "compiled", arch, regional=mode == "regional")
 
 
 def _pack_arch_module():
@@ -303,12 +353,37 @@ def _delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _fp8_storage(w) -> bool:
+    """A weight stored in fp8: a plain fp8 tensor, or (ComfyUI 0.8+) a QuantizedTensor with fp8 storage."""
+    if w is None:
+        return False
+    q = getattr(w, "_qdata", None)
+    return (q.dtype if isinstance(q, torch.Tensor) else w.dtype) in FP8_DTYPES
+
+
+def _quantized_layers(model) -> int:
+    """ComfyUI 0.8+ QuantizedTensor layers (fp8 storage) of the diffusion model."""
+    dm = model.get_model_object("diffusion_model")
+    return sum(1 for _, mod in dm.named_modules()
+               if isinstance(getattr(getattr(mod, "weight", None), "_qdata", None), torch.Tensor)
+               and mod.weight._qdata.dtype in FP8_DTYPES)
+
+
 def _fp8_op_layers(model) -> int:
-    """ComfyUI ops of the diffusion model whose weight is stored in fp8."""
+    """ComfyUI ops of the diffusion model whose weight is stored in fp8 (QuantizedTensor ones included)."""
     import comfy.ops
     dm = model.get_model_object("diffusion_model")
     return sum(1 for _, mod in dm.named_modules() if isinstance(mod, comfy.ops.CastWeightBiasOp)
-               and getattr(mod, "weight", None) is not None and mod.weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2))
+               and _fp8_storage(getattr(mod, "weight", None)))
+
+
+def _left_on_torch(text: str) -> dict:
+    """The fp8 node's "left on torch: N (reason)" lines as {reason: N}."""
+    import re
+    return {m.group(2): int(m.group(1)) for m in re.finditer(r"left on torch: (\d+) \((.*?)\)(?::|$)", text, re.M)}
 
 
 def _fp8_launches(mod) -> dict:
@@ -335,6 +410,34 @@ def _fp8_run_stats(mod, fp8_layers: int, patched: int) -> dict:
     except Exception as e:  # noqa: BLE001
         out["stats_error"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def _calibration_module(attn_mod):
+    """The pack's kernels/calibration.py as the nodes loaded it (None without the pack)."""
+    return getattr(getattr(attn_mod, "calib", None), "C", None)
+
+
+def _calibration_state(attn_mod) -> dict:
+    C = _calibration_module(attn_mod)
+    if C is None:
+        return {}
+    snap = C.snapshot()
+    return {"counters": dict(C.COUNTERS), "dir": snap["dir"], "timing": snap["timing"],
+            "entries": {k: v for st in snap["stores"] for k, v in st["entries"].items() if "choice" in v}}
+
+
+def _calibration_delta(before: dict, after: dict) -> dict:
+    """What the calibration measured during one run: shape classes timed, candidate runs, and the
+    choices it made (with their timings); every choice in the store is in the JSON's meta."""
+    if not after:
+        return {}
+    c0, c1 = before.get("counters", {}), after["counters"]
+    new = {k: v for k, v in after["entries"].items() if before.get("entries", {}).get(k) != v}
+    return {"calibrations": c1.get("calibrations", 0) - c0.get("calibrations", 0),
+            "timed_runs": c1.get("timed_runs", 0) - c0.get("timed_runs", 0),
+            "autotunes": c1.get("autotunes", 0) - c0.get("autotunes", 0),
+            "timing": after["timing"], "dir": after["dir"],
+            "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {})} for k, v in new.items()}}
 
 
 def _dynamo_counters() -> dict:
@@ -378,6 +481,77 @@ def _fp8e4nv_kernels(since: float) -> dict:
     return {"triton_kernels": n, "fp8e4nv_kernels": bad}
 
 
+def _compile_fp8e4nv_kernel_for(since: float, cc: int) -> dict:
+    """Compiles (for sm``cc``, to the cubin) the first Inductor kernel written since ``since``
+    that uses fp8e4nv: what a real GPU of that arch would do with this compiled graph. Official
+    Triton refuses fp8e4nv below sm89; the error is recorded, never raised."""
+    import re
+    d = _inductor_dir()
+    if not d or not os.path.isdir(d):
+        return {"status": "no Inductor cache dir"}
+    sources = []  # (name, kernel source): kernel files, and kernels inside Inductor's output code
+    wrapped = re.compile(r"async_compile\.triton\('([^']+)', '{3}(.*?)'{3}", re.S)
+    for path in sorted(glob.glob(os.path.join(d, "**", "*.py"), recursive=True)):
+        try:
+            if os.path.getmtime(path) < since:
+                continue
+            text = open(path, encoding="utf-8", errors="replace").read()
+        except OSError:
+            continue
+        if "async_compile.triton(" in text:
+            sources += [(m.group(1), m.group(2)) for m in wrapped.finditer(text)]
+        elif "@triton.jit" in text:
+            sources.append((os.path.basename(path), text))
+    tmp = None
+    for name, text in sources:
+        if "fp8e4nv" not in text:
+            continue
+        tmp = tmp or tempfile.mkdtemp(prefix="tk_bench_kernel_")
+        path = os.path.join(tmp, f"{re.sub(r'[^A-Za-z0-9_]', '_', name)}.py")
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            import types
+            sys.path.insert(0, str(REPO / "tests"))
+            from compile_utils import compile_for
+            mod = types.ModuleType("tk_bench_kernel")
+            mod.__file__ = path
+            exec(compile(text, path, "exec"), mod.__dict__)
+            kern = next(v for v in mod.__dict__.values() if hasattr(v, "triton_meta") and hasattr(v, "fn"))
+            meta = kern.triton_meta
+            consts = dict(meta.get("constants", {}))
+            consts.update(kern.configs[0].kwargs)
+            sig = dict(meta["signature"])
+            for k in consts:
+                sig[k] = "constexpr"
+            compile_for(kern.fn, sig, consts, cc)
+            return {"status": f"compiled for sm{cc}", "kernel": name}
+        except Exception as e:  # noqa: BLE001 - the point: record why this arch cannot run it
+            return {"status": "error", "kernel": name, "error": f"{type(e).__name__}: {str(e)[:600]}"}
+    return {"status": "no fp8e4nv kernel"}
+
+
+@contextlib.contextmanager
+def _fp8_compute_as_on(arch: str):
+    """ComfyUI's own fp8-compute answer as on a GPU of ``arch``: below sm89
+    ``comfy.model_management.supports_fp8_compute`` is False (ComfyUI 0.8+'s pick_operations then
+    disables the fp8 formats of QuantizedTensor layers: the full-precision path)."""
+    if arch == "native" or int(arch) >= 89:
+        yield
+        return
+    import comfy.model_management as mm
+    was = mm.supports_fp8_compute
+    mm.supports_fp8_compute = lambda *a, **k: False
+    try:
+        yield
+    finally:
+        mm.supports_fp8_compute = was
+
+
+def _fp8_compute_key(arch: str) -> str:
+    return "native" if arch == "native" or int(arch) >= 89 else "no-fp8-compute"
+
+
 def versions(device: str) -> dict:
     v = {"python": platform.python_version(), "torch": torch.__version__}
     try:
@@ -415,7 +589,8 @@ def model_file(models_dir: Path, key: str, spec: dict, gen_device: str) -> tuple
     arch, scaled, _ = MODELS[key]
     cfg = spec["config"]
     size = "tiny" if cfg["depth"] <= 2 else "full"
-    name = f"tk_bench_{arch}_{size}_{'scaledfp8' if scaled else 'fp8e4m3fn'}.safetensors"
+    kind = {True: "scaledfp8", "scale_input": "scaledinfp8"}.get(scaled, "fp8e4m3fn")
+    name = f"tk_bench_{arch}_{size}_{kind}.safetensors"
     path = models_dir / name
     t0 = time.perf_counter()
     if not path.exists():
@@ -471,31 +646,67 @@ class StepTimer:
         return [s[i + 1] - s[i] for i in range(len(s) - 1)] + ([self.ends[-1] - s[-1]] if s else [])
 
 
+REGIONAL_OPTS = dict(mode="default", dynamic="auto", parts="blocks", cache_size_limit=16)
+
+
+def _second_resolution(st, m, run_opts: dict, cond, neg, latent, seed: int, device: str, node_mod) -> dict:
+    """Two more steps at another latent size on the compiled model: what the new size costs
+    (first step minus the second), and how many graphs it compiled."""
+    import comfy.patcher_extension as pe
+    m2 = m.clone()
+    m2.remove_wrappers_with_key(pe.WrappersMP.APPLY_MODEL, "tritonkit_bench_timer")
+    timer = StepTimer(device)
+    m2.add_wrapper_with_key(pe.WrappersMP.APPLY_MODEL, "tritonkit_bench_timer", timer)
+    frames0 = _dynamo_counters()["frames"]
+    inproc.call_node("KSampler", model=m2, seed=seed, steps=2, cfg=1.0, sampler_name="euler", scheduler="simple",
+                     positive=cond, negative=neg, latent_image=latent, denoise=1.0)
+    _sync(device)
+    t = timer.step_times()
+    out = {"latent_shape": list(latent["samples"].shape), "step_times_s": [round(x, 5) for x in t],
+           "frames_compiled": _dynamo_counters()["frames"] - frames0}
+    if len(t) >= 2:
+        out["compile_s"] = t[0] - t[1]
+    if node_mod is not None and callable(getattr(node_mod, "stats", None)):
+        out["compile_node"] = node_mod.stats()
+    return out
+
+
 def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, device: str,
-            compile_backend: str) -> dict:
+            compile_backend: str, second_latent=None, regional_opts: dict | None = None) -> dict:
     import comfy.patcher_extension as pe
     fp8_mode, attn_mode = CONFIGS[run.config]
     rec = {"run": run.label, "model": run.model, "config": run.config, "fp8": fp8_mode, "attention": attn_mode,
-           "compiled": run.compiled, "arch": run.arch, "steps": steps, "sdpa": sdpa_backend(run.arch, device)}
+           "compiled": run.compiled, "regional": run.regional, "arch": run.arch, "steps": steps,
+           "sdpa": sdpa_backend(run.arch, device), "round": run.round, "base_label": run.base_label}
+    compile_mod = inproc.node_module(COMPILE_NODE) if run.regional else None
     torch._dynamo.reset()
     from torch._dynamo.utils import counters
     counters.clear()
     arch_env = None if run.arch == "native" else run.arch
     fp8_mod, attn_mod = inproc.node_module(FP8_NODE), inproc.node_module(ATTN_NODE)
-    with _env(**{ARCH_ENV: arch_env}), _sdpa_as_on(run.arch, device), _cold_compile(run.compiled):
+    with _env(**{ARCH_ENV: arch_env}), _sdpa_as_on(run.arch, device), _cold_compile(run.compiled), \
+            _fp8_compute_as_on(run.arch):
         m = base
         if fp8_mode:
-            m = inproc.call_node(FP8_NODE, model=m, mode=fp8_mode)[0]
+            out = st["classes"][FP8_NODE]().patch(model=m, mode=fp8_mode)
+            m = out["result"][0]
+            rec["fp8_node_text"] = out["ui"]["text"][0]
         if attn_mode:
             m = inproc.call_node(ATTN_NODE, model=m, mode=attn_mode)[0]
         if run.compiled:
             m = inproc.call_node("TorchCompileModel", model=m, backend=compile_backend)[0]
+        if run.regional:
+            # no _cold_compile here: whether this run is cold or warm is the state of the cache
+            # folders (--compile-cache), which is what this node is about
+            rec["regional_opts"] = dict(regional_opts or REGIONAL_OPTS)
+            m = inproc.call_node(COMPILE_NODE, model=m, **rec["regional_opts"])[0]
         patched_layers = sum(1 for k in getattr(m, "object_patches", {}) if k.endswith(".forward_comfy_cast_weights"))
         base_fp8_layers = _fp8_op_layers(base)
         m = m.clone()
         timer = StepTimer(device)
         m.add_wrapper_with_key(pe.WrappersMP.APPLY_MODEL, "tritonkit_bench_timer", timer)
         c_fp8, c_attn = _counter_snapshot(fp8_mod), _counter_snapshot(attn_mod)
+        calib_before = _calibration_state(attn_mod)
         l_fp8 = _fp8_launches(fp8_mod)
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -506,26 +717,50 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
                                scheduler="simple", positive=cond, negative=neg, latent_image=latent, denoise=1.0)[0]
         _sync(device)
         rec["wall_s"] = time.perf_counter() - t0
+        dynamo_main = _dynamo_counters()  # before the second resolution adds its frames
+        if run.regional:
+            rec["compile_node"] = compile_mod.stats()
+            rec["compile_node_summary"] = compile_mod.STATS.summary()
+            if second_latent is not None:
+                rec["second_res"] = _second_resolution(st, m, rec["regional_opts"], cond, neg, second_latent, seed,
+                                                       device, compile_mod)
     steps_t = timer.step_times()
     rec["step_times_s"] = [round(x, 5) for x in steps_t]
     rec["first_step_s"] = steps_t[0] if steps_t else None
-    rest = steps_t[1:]
+    # timed steps: from step 2, or for a compiled run from the step after the last one in which
+    # dynamo compiled (the pack's calibration runs a compiled model's first call eagerly when a
+    # shape class is not measured yet, so Inductor then compiles in step 2)
+    first_timed = 1
+    if run.compiled:
+        marks = timer.frames + [_dynamo_counters()["frames"]]
+        compiling = [i for i in range(len(steps_t)) if marks[i + 1] > marks[i]]
+        if compiling and compiling[-1] + 1 < len(steps_t):
+            first_timed = max(1, compiling[-1] + 1)
+    rest = steps_t[first_timed:]
+    rec["timed_from_step"] = first_timed + 1
     rec["s_per_step"] = sum(rest) / len(rest) if rest else (steps_t[0] if steps_t else None)
     rec["forward_calls"] = len(timer.starts)
-    if run.compiled and rec["first_step_s"] is not None and rest:
-        rec["compile_s"] = rec["first_step_s"] - rec["s_per_step"]
+    if (run.compiled or run.regional) and rec["first_step_s"] is not None and rest:
+        rec["compile_s"] = steps_t[first_timed - 1] - rec["s_per_step"]
     if device == "cuda":
         rec["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         rec["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-    if run.compiled:
-        dc = _dynamo_counters()
+    if run.compiled or run.regional:
+        dc = dynamo_main
         rec["dynamo"] = dc
         rec["dynamo"]["frames_after_first_step"] = dc["frames"] - (timer.frames[1] if len(timer.frames) > 1 else dc["frames"])
         if device == "cuda" and compile_backend == "inductor":
             rec["inductor"] = _fp8e4nv_kernels(t_start - 1)
+            if run.arch != "native" and rec["inductor"]["fp8e4nv_kernels"]:
+                # what this graph does on a real GPU of that arch: official Triton refuses fp8e4nv below sm89
+                rec["inductor"]["compile_for_arch"] = _compile_fp8e4nv_kernel_for(t_start - 1, int(run.arch))
     rec["fp8_counters"] = _delta(c_fp8, _counter_snapshot(fp8_mod))
+    rec["quantized_layers"] = _quantized_layers(base)
     if fp8_mode:
         rec["fp8_counters"].update(_fp8_run_stats(fp8_mod, base_fp8_layers, patched_layers))
+        left = _left_on_torch(rec.get("fp8_node_text", ""))
+        rec["fp8_counters"]["layers_left_on_comfyui"] = sum(n for r, n in left.items() if "kept" not in r)
+        rec["fp8_left_reasons"] = left
     # kernel launches of the pack's fp8 kernels in this run, for every run: a run without the
     # node must have none (object patches of an earlier clone must not leak into it)
     rec["fp8_counters"].update({f"launches_{k}": v for k, v in _delta(l_fp8, _fp8_launches(fp8_mod)).items()})
@@ -536,6 +771,7 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
         rec["attention_tuned"] = {str(k): list(v) for k, v in attn_mod.A.tune_cache().items()}
     except Exception:  # noqa: BLE001 - no node module / no Triton: nothing tuned
         rec["attention_tuned"] = {}
+    rec["calibration"] = _calibration_delta(calib_before, _calibration_state(attn_mod))
     rec["latent"] = out["samples"].detach().float().cpu()
     del m, out, timer
     torch._dynamo.reset()
@@ -560,16 +796,23 @@ def annotate(results: list[dict]) -> None:
     """Accuracy against the same model's native default eager run; speed-up against the default
     run of the same simulated arch (``default@86`` for @86 rows, else the native one), eager and
     in the same compile mode."""
-    base = {}
+    base, by_round = {}, {}
     for r in results:
         if r.get("error") or r.get("skipped"):
             continue
-        if r["config"] == "default":
-            base.setdefault((r["model"], r["compiled"], r["arch"]), r)
+        if r["config"] == "default":  # keyed by mode: eager (False), compiled (True), "regional"
+            mode = "regional" if r.get("regional") else r["compiled"]
+            base.setdefault((r["model"], mode, r["arch"]), r)
+            by_round.setdefault((r["model"], mode, r["arch"], r.get("round", 1)), r)
 
     def default(r, compiled):
-        return base.get((r["model"], compiled, r["arch"])) or base.get((r["model"], compiled, "native"))
+        # the default of the same round first (interleaved runs), then the first one
+        rnd = r.get("round", 1)
+        return (by_round.get((r["model"], compiled, r["arch"], rnd))
+                or by_round.get((r["model"], compiled, "native", rnd))
+                or base.get((r["model"], compiled, r["arch"])) or base.get((r["model"], compiled, "native")))
 
+    _annotate_regional(results)
     for r in results:
         if r.get("error") or r.get("skipped"):
             continue
@@ -580,13 +823,40 @@ def annotate(results: list[dict]) -> None:
         if eager is not None and r.get("s_per_step") and eager.get("s_per_step"):
             r["speedup_vs_default_eager"] = eager["s_per_step"] / r["s_per_step"]
             r["default_eager_ref"] = eager["run"]
-        same = default(r, r["compiled"])
+        same = default(r, "regional" if r.get("regional") else r["compiled"])
         if same is not None and r.get("s_per_step") and same.get("s_per_step"):
             r["speedup_vs_default_same_mode"] = same["s_per_step"] / r["s_per_step"]
         if r["compiled"] and same is not None and same is not r and "latent" in r and "latent" in same:
             # compiled runs also against the compiled default: Inductor's own numerics apart
             r.update({f"{k}_vs_default_compiled": v for k, v in compare(r["latent"], same["latent"]).items()
                       if k != "finite"})
+
+
+def _annotate_regional(results: list[dict]) -> None:
+    """Regional-compile rows (and TorchCompileModel rows) against their twins: s/step against the
+    same configuration under TorchCompileModel, the final latent against the same configuration
+    run eagerly (the same graph's eager twin)."""
+    ok = [r for r in results if not r.get("error") and not r.get("skipped")]
+
+    def twin(r, compiled, regional):
+        for o in ok:
+            if (o["model"], o["config"], o["arch"]) == (r["model"], r["config"], r["arch"]) and \
+                    o["compiled"] == compiled and bool(o.get("regional")) == regional:
+                return o
+        return None
+
+    for r in ok:
+        if not (r["compiled"] or r.get("regional")):
+            continue
+        eager = twin(r, False, False)
+        if eager is not None and "latent" in r and "latent" in eager:
+            c = compare(r["latent"], eager["latent"])
+            r["cosine_vs_eager_twin"], r["rel_err_vs_eager_twin"] = c["cosine"], c["rel_err"]
+        if r.get("regional"):
+            tcm = twin(r, True, False)
+            if tcm is not None and tcm.get("s_per_step") and r.get("s_per_step"):
+                r["s_per_step_vs_torchcompile"] = r["s_per_step"] / tcm["s_per_step"]
+                r["torchcompile_compile_s"] = tcm.get("compile_s")
 
 
 def markdown(meta: dict, results: list[dict]) -> str:
@@ -613,16 +883,50 @@ def markdown(meta: dict, results: list[dict]) -> str:
             d = r["dynamo"]
             notes.append(f"{d['frames']} frame(s) compiled, {d['graph_breaks']} graph break(s), "
                          f"{d['frames_after_first_step']} recompile(s) after step 1")
+        if r.get("regional"):
+            sr, wr = r.get("second_res") or {}, r.get("warm_restart") or {}
+            notes.append("regional: cold compile " + _fmt(r.get("compile_s"), 1) + " s"
+                         + (f" (TorchCompileModel {_fmt(r.get('torchcompile_compile_s'), 1)} s)"
+                            if r.get("torchcompile_compile_s") is not None else "")
+                         + (f", 2nd size {sr.get('latent_shape')} {_fmt(sr.get('compile_s'), 1)} s "
+                            f"({sr.get('frames_compiled')} frame(s))" if sr else "")
+                         + (f", warm restart {_fmt(wr.get('compile_s'), 1)} s" if "compile_s" in wr else
+                            f", warm restart FAILED: {wr.get('error', '')[:80]}" if wr else "")
+                         + (f", s/step x{_fmt(r['s_per_step_vs_torchcompile'], 3)} of TorchCompileModel"
+                            if r.get("s_per_step_vs_torchcompile") else ""))
+            if r.get("compile_node_summary"):
+                notes.append(r["compile_node_summary"].replace("|", "/")[:300])
+        if r.get("cosine_vs_eager_twin") is not None:
+            notes.append(f"vs eager twin: cos {_fmt(r['cosine_vs_eager_twin'], 6)}")
         if r.get("cosine_vs_default_compiled") is not None:
             notes.append(f"vs default compiled: rel err {_fmt(r['rel_err_vs_default_compiled'], 4)}, "
                          f"cos {_fmt(r['cosine_vs_default_compiled'], 5)}")
         if r.get("inductor"):
             notes.append(f"{r['inductor']['fp8e4nv_kernels']}/{r['inductor']['triton_kernels']} Inductor kernels use fp8e4nv")
+            cf = r["inductor"].get("compile_for_arch")
+            if cf:
+                notes.append(f"sm{r['arch']} compile of an fp8e4nv kernel: {cf['status']}"
+                             + (f" ({cf['error'][:160]})" if cf.get("error") else ""))
+        if r.get("fp8") and r.get("fp8_counters"):
+            fc = r["fp8_counters"]
+            notes.append(f"fp8 node: {fc.get('layers_patched', 0)}/{fc.get('fp8_layers', 0)} fp8 layers patched "
+                         f"({r.get('quantized_layers', 0)} QuantizedTensor), "
+                         f"{fc.get('layers_left_on_comfyui', 0)} left on ComfyUI's path")
+
+
+        cal = r.get("calibration") or {}
+        if cal.get("calibrations"):
+            picks = {}
+            for v in cal["new_choices"].values():
+                picks[v["choice"]] = picks.get(v["choice"], 0) + 1
+            notes.append(f"calibrated {cal['calibrations']} shape classes ("
+                         + ", ".join(f"{k} {n}" for k, n in sorted(picks.items())) + ")")
         for k in ("attention_counters", "fp8_counters"):
             if r.get(k):
                 notes.append(", ".join(f"{a}={b}" for a, b in sorted(r[k].items())[:6]))
         lines.append("| " + " | ".join([
-            r["run"], r["fp8"] or "–", r["attention"] or "–", "yes" if r["compiled"] else "no", r["arch"],
+            r["run"], r["fp8"] or "–", r["attention"] or "–",
+            "regional" if r.get("regional") else "yes" if r["compiled"] else "no", r["arch"],
             _fmt(r.get("s_per_step")), _fmt(r.get("speedup_vs_default_same_mode"), 2),
             _fmt(r.get("speedup_vs_default_eager"), 2), _fmt(r.get("first_step_s"), 2), _fmt(r.get("compile_s"), 1),
             _fmt(r.get("peak_mem_gib"), 2), _fmt(r.get("rel_err"), 4), _fmt(r.get("cosine"), 5),
@@ -630,11 +934,56 @@ def markdown(meta: dict, results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _spread(xs: list) -> dict:
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return {}
+    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "n": len(xs)}
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """Per configuration over the rounds: s/step and the per-round ratios against the default
+    (same mode, and eager), each as median / min / max."""
+    groups: dict = {}
+    for r in results:
+        if r.get("error") or r.get("skipped") or r.get("s_per_step") is None:
+            continue
+        groups.setdefault(r.get("base_label", r["run"]), []).append(r)
+    out = []
+    for label, rs in groups.items():
+        row = {"config": label, "rounds": len(rs), "s_per_step": _spread([r["s_per_step"] for r in rs]),
+               "x_default_same_mode": _spread([r.get("speedup_vs_default_same_mode") for r in rs]),
+               "x_default_eager": _spread([r.get("speedup_vs_default_eager") for r in rs])}
+        x = row["x_default_same_mode"]
+        if x and rs[0]["config"] != "default":
+            row["never_slower"] = x["min"] >= 1.0
+        out.append(row)
+    return out
+
+
+def _summary_markdown(summary: list[dict]) -> list[str]:
+    if not summary or max(r["rounds"] for r in summary) < 2:
+        return []
+
+    def sp(d, nd=3):
+        return f"{_fmt(d['median'], nd)} ({_fmt(d['min'], nd)}–{_fmt(d['max'], nd)})" if d else "–"
+    lines = ["", "Interleaved rounds: median (min–max) over the rounds; × = the round's default s/step ÷ this "
+             "run's, so ≥ 1 at the minimum means never slower in any round.", "",
+             "| configuration | rounds | s/step | × default (same mode) | × default eager | never slower |",
+             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in summary:
+        ns = "" if "never_slower" not in r else ("yes" if r["never_slower"] else "**no**")
+        lines.append(f"| {r['config']} | {r['rounds']} | {sp(r['s_per_step'], 4)} | {sp(r['x_default_same_mode'])} "
+                     f"| {sp(r['x_default_eager'])} | {ns} |")
+    return lines
+
+
 def write_outputs(out_dir: Path | None, meta: dict, results: list[dict]) -> tuple[dict, str]:
     annotate(results)
     clean = [{k: v for k, v in r.items() if k != "latent"} for r in results]
-    doc = {**meta, "runs": clean}
-    md = markdown(meta, results)
+    summary = summarize(results)
+    doc = {**meta, "runs": clean, "summary": summary}
+    md = markdown(meta, results) + "\n".join(_summary_markdown(summary)) + "\n"
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "workflow.json").write_text(json.dumps(doc, indent=1, default=str))
@@ -643,9 +992,34 @@ def write_outputs(out_dir: Path | None, meta: dict, results: list[dict]) -> tupl
 
 
 # --------------------------------------------------------------------------- driver
+def _converts_scaled_fp8() -> bool:
+    """ComfyUI 0.8+: scaled-fp8 files load as QuantizedTensor layers whose path (comfy-kitchen's
+    fp8 matmul or full precision) is chosen at load from supports_fp8_compute, so @86 runs of a
+    scaled model get their own load."""
+    import comfy.utils
+    return hasattr(comfy.utils, "convert_old_quants")
+
+
+def interleave(runs: list, rounds: int) -> list:
+    """The plan ``rounds`` times, interleaved per model (A B C A B C …; a model's runs stay
+    together so it is loaded once)."""
+    if rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, not {rounds}")
+    order: dict = {}
+    for r in runs:
+        order.setdefault(r.model, []).append(r)
+    out = []
+    for group in order.values():
+        for i in range(1, rounds + 1):
+            out.extend(dataclasses.replace(r, round=i) for r in group)
+    return out
+
+
 def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None = None, out_dir=None,
               models_dir=None, budget_s: float | None = None, compile_backend: str = "inductor",
-              seed: int = 0, command: str | None = None, log=print, overrides: dict | None = None) -> dict:
+              seed: int = 0, command: str | None = None, log=print, overrides: dict | None = None,
+              rounds: int = 1, second_res: bool = True, restart: bool = False,
+              regional_opts: dict | None = None) -> dict:
     """Builds the models, runs the plan and returns {"meta", "runs", "markdown", "results"}
     (``results`` keep the final latents as tensors)."""
     t_begin = time.perf_counter()
@@ -663,11 +1037,13 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
         n = seen_labels[r.label] = seen_labels.get(r.label, 0) + 1
         if n > 1:
             r.tag = f"#{n}"
+    runs = interleave(runs, rounds)
     models_dir = Path(models_dir or tempfile.mkdtemp(prefix="tk_bench_models_"))
     models_dir.mkdir(parents=True, exist_ok=True)
     out_dir = Path(out_dir) if out_dir else None
     st = inproc.setup(device, models_dir)
     meta = {"preset": preset, "device": device, "steps": steps, "seed": seed, "compile_backend": compile_backend,
+            "rounds": rounds,
             "command": command or f"run_bench(preset={preset!r})", "versions": versions(device),
             "pack_loaded": st["pack_loaded"], "nodes_not_registered_by_pack": st.get("imported_directly", []),
             "models": {}, "env": {k: os.environ[k] for k in os.environ
@@ -690,7 +1066,9 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
             results.append({"run": run.label, "model": run.model, "config": run.config, "compiled": run.compiled,
                             "arch": run.arch, "skipped": f"preset {preset} has no {arch_key} model"})
             continue
-        if run.model not in loaded:
+        load_key = (run.model, _fp8_compute_key(run.arch) if _converts_scaled_fp8() and MODELS[run.model][1]
+                    else "native")
+        if load_key not in loaded:
             est = 120.0 if device == "cuda" and spec["config"]["depth"] > 2 else 5.0  # write + load + 2 runs
             if left() is not None and left() < est:
                 results.append({"run": run.label, "model": run.model, "config": run.config, "compiled": run.compiled,
@@ -707,14 +1085,16 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
                 f"to {models_dir}")
             name, desc, write_s = model_file(models_dir, run.model, spec, device)
             t0 = time.perf_counter()
-            model = inproc.call_node("UNETLoader", unet_name=name, weight_dtype=MODELS[run.model][2])[0]
+            with _fp8_compute_as_on(run.arch):  # ComfyUI 0.8+ picks the QuantizedTensor path at load
+                model = inproc.call_node("UNETLoader", unet_name=name, weight_dtype=MODELS[run.model][2])[0]
             load_s = time.perf_counter() - t0
             cond = conditioning(desc, spec, seed)
             neg = conditioning(desc, spec, seed + 1)
             latent = empty_latent(model, spec)
-            loaded[run.model] = (model, cond, neg, latent)
+            loaded[load_key] = (model, cond, neg, latent)
             size = f"{spec['width']}×{spec['height']}" + (f"×{spec['frames']} frames" if spec.get("frames") else "")
-            meta["models"][run.model] = {"arch": desc["arch"], "params": desc["params"], "size": size,
+            meta["models"].setdefault(run.model, {})
+            meta["models"][run.model] = {**meta["models"][run.model], "arch": desc["arch"], "params": desc["params"], "size": size,
                                          "latent_shape": list(latent["samples"].shape),
                                          "image_tokens": image_tokens(latent), "text_tokens": spec["tokens"],
                                          "weight_dtype": MODELS[run.model][2], "scaled_fp8": desc["scaled_fp8"],
@@ -722,10 +1102,15 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
                                          "steps": steps_cli or spec.get("steps") or steps,
                                          "manual_cast_dtype": str(model.model.manual_cast_dtype),
                                          "ops": type(model.model.diffusion_model.double_blocks[0].img_attn.qkv).__qualname__
-                                         if hasattr(model.model.diffusion_model, "double_blocks") else "?"}
-        model, cond, neg, latent = loaded[run.model]
+                                         if hasattr(model.model.diffusion_model, "double_blocks") else "?",
+                                         f"quantized_layers_{load_key[1]}": _quantized_layers(model)}
+        model, cond, neg, latent = loaded[load_key]
         n_steps = steps_cli or spec.get("steps") or steps
         est = (n_steps + 1) * seen_step.get(run.model, 1.0) + 10
+        second = None
+        if run.regional and second_res and spec.get("second"):
+            second = empty_latent(model, dict(spec, **spec["second"]))
+            est += 3 * seen_step.get(run.model, 1.0) * second["samples"].numel() / latent["samples"].numel()
         if run.compiled:
             est += seen_compile.get(run.model, 120.0 if device == "cuda" else 30.0)
         if left() is not None and left() < est:
@@ -735,7 +1120,8 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
             continue
         log(f"[workflow] {run.label} …")
         try:
-            rec = run_one(st, model, run, cond, neg, latent, n_steps, seed, device, compile_backend)
+            rec = run_one(st, model, run, cond, neg, latent, n_steps, seed, device, compile_backend,
+                          second_latent=second, regional_opts=regional_opts)
             if rec.get("s_per_step"):
                 seen_step[run.model] = max(seen_step.get(run.model, 0), rec["s_per_step"])
             if rec.get("compile_s"):
@@ -751,9 +1137,63 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
             gc.collect()
         results.append(rec)
         write_outputs(out_dir, meta, results)
+    if restart:
+        for i, rec in enumerate(results):
+            if rec.get("regional") and not rec.get("error") and not rec.get("skipped"):
+                log(f"[workflow] {rec['run']}: warm restart in a new process …")
+                rec["warm_restart"] = warm_restart(rec, preset, models_dir, out_dir, i, seed, overrides, regional_opts)
+                write_outputs(out_dir, meta, results)
     meta["total_s"] = time.perf_counter() - t_begin
+    cal = _calibration_state(inproc.node_module(ATTN_NODE))
+    if cal:  # every choice the pack's calibration holds for this GPU at the end, with its timings
+        meta["calibration"] = {"dir": cal["dir"], "timing": cal["timing"], "counters": cal["counters"],
+                               "choices": cal["entries"]}
     doc, md = write_outputs(out_dir, meta, results)
     return {"meta": meta, "runs": doc["runs"], "markdown": md, "results": results}
+
+
+def warm_restart(rec: dict, preset: str, models_dir, out_dir, index: int, seed: int, overrides: dict | None,
+                 regional_opts: dict | None) -> dict:
+    """The same regional run again in a new Python process with the same cache folders (the
+    environment carries TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR): 2 steps, no second size.
+    Returns its first-step compile time, its step times and the node's counters."""
+    import subprocess
+    # its own outputs go to a temporary folder (the GPU tool brings back few files); what matters
+    # is copied into this run's record
+    sub_out = Path(tempfile.mkdtemp(prefix="tk_bench_restart_")) / f"restart-{index}"
+    label = rec["run"].split("#")[0]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--preset", preset, "--plan", label, "--steps", "2",
+           "--models-dir", str(models_dir), "--out", str(sub_out), "--no-second-res", "--seed", str(seed),
+           "--regional-opts", json.dumps(regional_opts or REGIONAL_OPTS)]
+    if overrides:
+        cmd += ["--overrides-json", json.dumps(overrides)]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    out = {"wall_s": time.perf_counter() - t0, "returncode": p.returncode}
+    try:
+        sub = json.loads((sub_out / "workflow.json").read_text())["runs"][0]
+    except (OSError, ValueError, IndexError) as e:
+        out["error"] = f"{type(e).__name__}: {e}; stderr: {p.stderr[-2000:]}"
+        return out
+    if sub.get("error"):
+        out["error"] = sub["error"]
+        return out
+    for k in ("compile_s", "first_step_s", "s_per_step", "step_times_s", "compile_node", "compile_node_summary",
+              "dynamo"):
+        if k in sub:
+            out[k] = sub[k]
+    return out
+
+
+def _set_compile_cache(arg: str | None) -> str | None:
+    """--compile-cache: Inductor's and Triton's cache folders for this process and its restarts
+    ("fresh": a new temporary folder, so the first compile is cold)."""
+    if not arg:
+        return None
+    root = Path(tempfile.mkdtemp(prefix="tk_compile_cache_") if arg == "fresh" else arg).resolve()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
+    return str(root)
 
 
 def main(argv=None):
@@ -768,8 +1208,28 @@ def main(argv=None):
     ap.add_argument("--hunyuan-frames", type=int, help="override the HunyuanVideo frame count")
     ap.add_argument("--hunyuan-size", help="override the HunyuanVideo WxH, e.g. 960x544")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the plan this many times, interleaved per model (A B A B …), and report the median "
+                         "and min–max per configuration")
+    ap.add_argument("--calibration-dir", help="where the pack keeps its calibration choices (sets "
+                                              "TRITONKIT_CALIBRATION_DIR; default: ComfyUI's user folder)")
+    ap.add_argument("--expect-stored", action="store_true",
+                    help="exit 1 if any run timed a path or an attention config (a second process with the same "
+                         "--calibration-dir must find every choice stored)")
+    ap.add_argument("--compile-cache", help="folder for Inductor's and Triton's caches (made if missing), or "
+                    "'fresh' for a new empty one: MODEL:CONFIG:regional runs are cold in an empty one")
+    ap.add_argument("--restart", action="store_true", help="after the plan, run every :regional run again in a "
+                    "new process on the same caches (the warm-restart compile time)")
+    ap.add_argument("--no-second-res", action="store_true", help=":regional runs skip the two steps at the "
+                    "preset's second size (Flux 768², HunyuanVideo 49 frames)")
+    ap.add_argument("--regional-opts", help="JSON options of the Triton Compile Model node, default "
+                    + json.dumps(REGIONAL_OPTS))
+    ap.add_argument("--overrides-json", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    ov = {}
+    cache_root = _set_compile_cache(a.compile_cache)
+    ov = json.loads(a.overrides_json) if a.overrides_json else {}
+    if a.calibration_dir:
+        os.environ["TRITONKIT_CALIBRATION_DIR"] = a.calibration_dir
     if a.hunyuan_frames or a.hunyuan_size:
         ov["hunyuan"] = {}
         if a.hunyuan_frames:
@@ -778,9 +1238,21 @@ def main(argv=None):
             w, h = (int(x) for x in a.hunyuan_size.lower().split("x"))
             ov["hunyuan"].update(width=w, height=h)
     cmd = "python bench/workflow.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    ropts = dict(REGIONAL_OPTS, **json.loads(a.regional_opts)) if a.regional_opts else None
+    if cache_root:
+        print(f"[workflow] compile caches in {cache_root}")
     res = run_bench(a.preset, a.plan, a.steps, a.out, a.models_dir, a.budget_s, a.compile_backend, a.seed, cmd,
-                    overrides=ov)
+                    overrides=ov, rounds=a.rounds, second_res=not a.no_second_res, restart=a.restart,
+                    regional_opts=ropts)
     print(res["markdown"])
+    if a.expect_stored:
+        timed = {r["run"]: r["calibration"] for r in res["results"]
+                 if any((r.get("calibration") or {}).get(k) for k in ("calibrations", "timed_runs", "autotunes"))}
+        meta_cal = res["meta"].get("calibration", {})
+        print(f"[workflow] --expect-stored: calibration counters of this process {meta_cal.get('counters')}; "
+              f"runs that timed something: {sorted(timed) or 'none'}")
+        if timed or not meta_cal:
+            return 1
     return 0
 
 
