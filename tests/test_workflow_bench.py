@@ -31,6 +31,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
+pytestmark = pytest.mark.comfyui  # the bench imports ComfyUI in its subprocess
+
 PLAN = ("hunyuan:default,hunyuan:attn-exact,hunyuan:attn-8bit,hunyuan:both-cast,hunyuan:both-cast:compiled,"
         "hunyuan:default,hunyuan-scaled:default,hunyuan-scaled:fp8-cast")
 
@@ -75,7 +77,8 @@ def test_table_and_json(bench):
     assert labels == [s if i != 5 else s + "#2" for i, s in enumerate(PLAN.split(","))], labels
     for label in labels:
         assert f"| {label} |" in md, f"no row for {label}"
-    assert doc["versions"]["comfyui"] == "0.3.75"
+    from comfy_harness import comfyui_version
+    assert doc["versions"]["comfyui"] == comfyui_version()
     assert doc["pack_loaded"] is True
     assert doc["nodes_not_registered_by_pack"] == []
     m = doc["models"]["hunyuan"]
@@ -172,6 +175,40 @@ def test_run_spec_parse_and_report():
     assert "vs default compiled: rel err 0.0000" in md
 
 
+def test_regional_runs_report_against_their_twins():
+    """MODEL:CONFIG:regional rows (Triton Compile Model): s/step against the same configuration
+    under TorchCompileModel, the latent against its eager twin, the cold / second-size / warm-restart
+    compile times in the notes; a regional default is never taken for the eager default."""
+    import torch
+    import workflow as wf
+    r = wf.Run.parse("flux:both:regional@86")
+    assert (r.regional, r.compiled, r.label) == (True, False, "flux:both:regional@86")
+    ref = torch.randn(1, 16, 8, 8)
+    results = [
+        {"run": "flux:both:regional", "model": "flux", "config": "both", "fp8": "auto", "attention": "auto",
+         "compiled": False, "regional": True, "arch": "native", "s_per_step": 1.02, "first_step_s": 9.0,
+         "compile_s": 7.98, "latent": ref * 1.001, "second_res": {"latent_shape": [1, 16, 6, 6], "compile_s": 0.4,
+                                                                   "frames_compiled": 0},
+         "warm_restart": {"compile_s": 2.5}, "compile_node_summary": "2 graph(s) compiled"},
+        {"run": "flux:default", "model": "flux", "config": "default", "fp8": None, "attention": None,
+         "compiled": False, "arch": "native", "s_per_step": 2.0, "first_step_s": 2.5, "latent": ref * 3},
+        {"run": "flux:both", "model": "flux", "config": "both", "fp8": "auto", "attention": "auto",
+         "compiled": False, "arch": "native", "s_per_step": 1.5, "first_step_s": 1.5, "latent": ref},
+        {"run": "flux:both:compiled", "model": "flux", "config": "both", "fp8": "auto", "attention": "auto",
+         "compiled": True, "arch": "native", "s_per_step": 1.0, "first_step_s": 70.0, "compile_s": 69.0,
+         "latent": ref},
+    ]
+    meta = {"versions": {"cpu": "x", "cpu_count": 2, "torch": "t", "triton": "tr", "python": "p", "comfyui": "c"},
+            "command": "cmd", "steps": 2, "models": {}}
+    doc, md = wf.write_outputs(None, meta, results)
+    reg = doc["runs"][0]
+    assert reg["s_per_step_vs_torchcompile"] == pytest.approx(1.02) and reg["torchcompile_compile_s"] == 69.0
+    assert reg["cosine_vs_eager_twin"] == pytest.approx(1.0)
+    assert reg["default_eager_ref"] == "flux:default"   # not the regional row itself
+    assert "regional: cold compile 8.0 s (TorchCompileModel 69.0 s), 2nd size [1, 16, 6, 6] 0.4 s" in md
+    assert "warm restart 2.5 s" in md and "x1.020 of TorchCompileModel" in md
+
+
 def test_arch_simulation_compares_with_the_default_of_that_arch(monkeypatch):
     """@86 rows are timed against default@86 (ComfyUI's SDPA as torch runs it on an sm86: no cuDNN),
     accuracy stays against the native default; without a default@86 the native one is used."""
@@ -219,3 +256,100 @@ def test_arch_simulation_compares_with_the_default_of_that_arch(monkeypatch):
     # no default:compiled@86 (a real sm86 cannot compile ComfyUI's fp8 path): same-mode is the native one
     assert r["flux:both:compiled@86"]["speedup_vs_default_eager"] == pytest.approx(2.0)
     assert "ComfyUI's SDPA on flash; × against flux:default@86" in md
+
+
+def test_arch_simulation_forces_comfyuis_fp8_compute_answer(monkeypatch):
+    """@86 (below sm89): ComfyUI's supports_fp8_compute answers False while the model loads and
+    runs (ComfyUI 0.8's pick_operations then disables the fp8 formats, as on an RTX 30xx); @89+
+    and native runs keep the real answer. A scaled model gets one load per answer."""
+    import types
+    import workflow as wf
+    mm = types.SimpleNamespace(supports_fp8_compute=lambda *a, **k: True)
+    monkeypatch.setitem(sys.modules, "comfy", types.SimpleNamespace(model_management=mm))
+    monkeypatch.setitem(sys.modules, "comfy.model_management", mm)
+    with wf._fp8_compute_as_on("86"):
+        assert mm.supports_fp8_compute("cuda") is False
+    assert mm.supports_fp8_compute("cuda") is True
+    for arch in ("native", "89", "90"):
+        with wf._fp8_compute_as_on(arch):
+            assert mm.supports_fp8_compute() is True
+    assert [wf._fp8_compute_key(a) for a in ("native", "86", "75", "89", "120")] == \
+        ["native", "no-fp8-compute", "no-fp8-compute", "native", "native"]
+    text = ("Triton fp8 Fallback: auto on sm86\nleft on torch: 2 (TensorCoreNVFP4Layout layout: no Triton kernel "
+            "for it): a, b\nleft on torch: 3 (native fp8 matmul (comfy-kitchen's QuantizedTensor linear) kept)")
+    assert wf._left_on_torch(text) == {"TensorCoreNVFP4Layout layout: no Triton kernel for it": 2,
+                                       "native fp8 matmul (comfy-kitchen's QuantizedTensor linear) kept": 3}
+
+
+def test_fp8e4nv_kernel_compile_error_is_recorded_not_raised(monkeypatch, tmp_path):
+    """A compiled run @86 records what an sm86 does with Inductor's fp8e4nv kernel (official
+    Triton refuses it) instead of failing the bench; sm90 compiles it."""
+    import time
+    import workflow as wf
+    src = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def triton_poi_fp8_cast(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+    x = tl.arange(0, XBLOCK)
+    tl.store(out_ptr0 + x, tl.load(in_ptr0 + x, mask=x < xnumel).to(tl.float32), mask=x < xnumel)
+
+
+class _Heuristics:
+    fn = triton_poi_fp8_cast
+    triton_meta = {"signature": {"in_ptr0": "*fp8e4nv", "out_ptr0": "*fp32", "xnumel": "i32"}, "constants": {}}
+    configs = [triton.Config({"XBLOCK": 128})]
+
+
+kernel = _Heuristics()
+'''
+    since = time.time() - 1
+    (tmp_path / "ab").mkdir()
+    (tmp_path / "ab" / "cab123.py").write_text(src)
+    monkeypatch.setattr(wf, "_inductor_dir", lambda: str(tmp_path))
+    r86 = wf._compile_fp8e4nv_kernel_for(since, 86)
+    assert r86["status"] == "error" and "fp8e4nv" in r86["error"], r86
+    assert wf._compile_fp8e4nv_kernel_for(since, 90)["status"] == "compiled for sm90"
+    assert wf._compile_fp8e4nv_kernel_for(time.time() + 60, 86)["status"] == "no fp8e4nv kernel"
+
+
+def test_interleaved_rounds_report_median_spread_and_per_round_ratios():
+    import torch
+    import workflow as wf
+    runs = [wf.Run.parse(x) for x in ("flux:default", "hunyuan:default", "flux:both", "hunyuan:both")]
+    order = [r.label for r in wf.interleave(runs, 3)]
+    assert order == ["flux:default", "flux:both", "flux:default#r2", "flux:both#r2", "flux:default#r3",
+                     "flux:both#r3", "hunyuan:default", "hunyuan:both", "hunyuan:default#r2", "hunyuan:both#r2",
+                     "hunyuan:default#r3", "hunyuan:both#r3"]
+    with pytest.raises(ValueError):
+        wf.interleave(runs, 0)
+    ref = torch.randn(1, 16, 8, 8)
+    default_s, both_s = [1.0, 1.2, 1.1], [0.9, 1.25, 1.0]   # round 2: both slower than that round's default
+    results = []
+    for i in range(3):
+        for config, s in (("default", default_s[i]), ("both", both_s[i])):
+            run = wf.Run("flux", config, round=i + 1)
+            results.append({"run": run.label, "base_label": run.base_label, "round": i + 1, "model": "flux",
+                            "config": config, "fp8": None, "attention": None, "compiled": False, "arch": "native",
+                            "s_per_step": s, "first_step_s": s, "latent": ref,
+                            "calibration": {"calibrations": 2 if i == 0 and config == "both" else 0,
+                                            "timed_runs": 6 if i == 0 and config == "both" else 0,
+                                            "new_choices": {"a": {"choice": "exact"}, "b": {"choice": "comfy"}}
+                                            if i == 0 and config == "both" else {}}})
+    meta = {"versions": {"cpu": "x", "cpu_count": 2, "torch": "t", "triton": "tr", "python": "p", "comfyui": "c"},
+            "command": "cmd", "steps": 2, "models": {}}
+    doc, md = wf.write_outputs(None, meta, results)
+    runs_by = {r["run"]: r for r in doc["runs"]}
+    # each run against the default of its own round
+    assert runs_by["flux:both#r2"]["speedup_vs_default_same_mode"] == pytest.approx(1.2 / 1.25)
+    assert runs_by["flux:both#r3"]["default_eager_ref"] == "flux:default#r3"
+    summ = {r["config"]: r for r in doc["summary"]}
+    both = summ["flux:both"]
+    ratios = sorted(d / b for d, b in zip(default_s, both_s))
+    assert both["rounds"] == 3 and both["x_default_same_mode"]["median"] == pytest.approx(ratios[1])
+    assert both["x_default_same_mode"]["min"] == pytest.approx(ratios[0])
+    assert both["s_per_step"] == {"median": 1.0, "min": 0.9, "max": 1.25, "n": 3}
+    assert both["never_slower"] is False and "never_slower" not in summ["flux:default"]
+    assert "| flux:both | 3 | 1.0000 (0.9000–1.2500) |" in md and "**no**" in md
+    assert "calibrated 2 shape classes (comfy 1, exact 1)" in md
