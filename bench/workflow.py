@@ -749,6 +749,12 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
         dc = dynamo_main
         rec["dynamo"] = dc
         rec["dynamo"]["frames_after_first_step"] = dc["frames"] - (timer.frames[1] if len(timer.frames) > 1 else dc["frames"])
+        # Recompiles: frames compiled after the first step that compiled anything (a compiled model
+        # whose first call ran eagerly for calibration compiles in step 2: that is its compile, not a recompile).
+        marks = timer.frames + [dc["frames"]]
+        first = next((i for i in range(len(marks) - 1) if marks[i + 1] > marks[i]), None)
+        rec["dynamo"]["first_compiling_step"] = None if first is None else first + 1
+        rec["dynamo"]["recompiles"] = 0 if first is None else marks[-1] - marks[first + 1]
         if device == "cuda" and compile_backend == "inductor":
             rec["inductor"] = _fp8e4nv_kernels(t_start - 1)
             if run.arch != "native" and rec["inductor"]["fp8e4nv_kernels"]:
@@ -882,7 +888,7 @@ def markdown(meta: dict, results: list[dict]) -> str:
         if r.get("dynamo"):
             d = r["dynamo"]
             notes.append(f"{d['frames']} frame(s) compiled, {d['graph_breaks']} graph break(s), "
-                         f"{d['frames_after_first_step']} recompile(s) after step 1")
+                         f"compiled in step {d.get('first_compiling_step')}, {d.get('recompiles')} recompile(s) after it")
         if r.get("regional"):
             sr, wr = r.get("second_res") or {}, r.get("warm_restart") or {}
             notes.append("regional: cold compile " + _fmt(r.get("compile_s"), 1) + " s"

@@ -136,6 +136,7 @@ def test_compiled_no_graph_break_no_recompile(bench):
     d = r["dynamo"]
     assert d["graph_breaks"] == 0, d["graph_break_reasons"]
     assert d["frames_after_first_step"] == 0, d
+    assert d["recompiles"] == 0 and d["first_compiling_step"] == 1, d
     # the compiled graph still calls the fp8 kernels (opaque custom ops), every step
     assert r["fp8_counters"].get("launches_decode", 0) >= 2 * r["fp8_counters"]["fp8_layers"], r["fp8_counters"]
 
