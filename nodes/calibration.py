@@ -8,7 +8,7 @@ the nodes show.
 * ``TRITONKIT_ATTN_PATH=sdpa|exact|int8`` and ``TRITONKIT_FP8_PATH=torch|decode|fused`` force a
   path in the nodes' ``auto`` mode (where the call allows it); ``TRITONKIT_CALIBRATION=0``
   switches timing off (the conservative defaults).
-* Under ``TorchCompileModel`` nothing can be timed inside the traced graph, so an APPLY_MODEL
+* Under ``TorchCompileModel`` (or the pack's Triton Compile Model) nothing can be timed inside the traced graph, so an APPLY_MODEL
   wrapper makes the first call of a compiled model with a new input signature run eagerly
   (``torch.compiler.set_stance("force_eager")``): that call calibrates every shape class it
   meets, the signature and its shape classes are stored, and the next call compiles with the
@@ -31,7 +31,9 @@ FP8_PATH_ENV = "TRITONKIT_FP8_PATH"
 ATTN_PATHS = {"sdpa": "comfy", "comfy": "comfy", "exact": "exact", "int8": "int8", "8-bit": "int8"}
 FP8_PATHS = {"torch": "torch", "decode": "decode", "fused": "fused", "fused-linear": "fused"}
 WRAPPER_KEY = "tritonkit_calibration"
-COMPILE_KEY = "torch.compile"  # comfy_api/torch_helpers/torch_compile.py
+# APPLY_MODEL wrapper keys of the compiling nodes: ComfyUI's TorchCompileModel
+# (comfy_api/torch_helpers/torch_compile.py) and the pack's Triton Compile Model (nodes/compile_model.py)
+COMPILE_KEYS = ("torch.compile", "tritonkit_compile")
 
 _logged: set = set()
 
@@ -148,7 +150,7 @@ def _compiled(transformer_options) -> bool:
         apply = wrappers.get(comfy.patcher_extension.WrappersMP.APPLY_MODEL, {})
     except Exception:  # noqa: BLE001
         return False
-    return bool(apply.get(COMPILE_KEY))
+    return any(apply.get(k) for k in COMPILE_KEYS)
 
 
 def calibrated_first_call(executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options=None,

@@ -113,15 +113,18 @@ class RunStats:
 STATS = RunStats()
 
 
-def _record(name: str, path: str) -> None:
+# Both take the layer's config, not its name: reading ``cfg.name`` while Dynamo traces would guard
+# the graph on it, and a regional compile (one graph per block class, nodes/compile_model.py) would
+# then recompile for every block (seen on an H100: Flux hit the recompile limit of 16).
+def _record(cfg: "LayerConfig", path: str) -> None:
     if not torch.compiler.is_compiling():
-        STATS.layers[name] = path
+        STATS.layers[cfg.name] = path
 
 
-def _fallback(name: str, reason: str) -> None:
+def _fallback(cfg: "LayerConfig", reason: str) -> None:
     if not torch.compiler.is_compiling():
         STATS.fallbacks[reason] += 1
-        log_once("fallback:" + reason, f"{reason}: those calls use ComfyUI's torch cast (first seen on {name})")
+        log_once("fallback:" + reason, f"{reason}: those calls use ComfyUI's torch cast (first seen on {cfg.name})")
 
 
 # ----------------------------------------------------------------------------- patched forwards
@@ -253,7 +256,7 @@ def _forward(m, orig, cfg: LayerConfig, rms_norm, x, *args, **kwargs):
         return orig(m, x, *args, **kwargs)
     why = _eligible(m, x, cfg)
     if why is not None:
-        _fallback(cfg.name, why)
+        _fallback(cfg, why)
         return orig(m, x, *args, **kwargs)
     dtype = x.dtype
     F = torch.nn.functional
@@ -261,14 +264,14 @@ def _forward(m, orig, cfg: LayerConfig, rms_norm, x, *args, **kwargs):
         path = _calibrated_path(m, orig, cfg, x, args, kwargs) if cfg.calibrate else (
             "fused" if _fused_ok(m, x, cfg) else "decode")
         if path == "torch":
-            _record(cfg.name, "torch (measured faster)")
+            _record(cfg, "torch (measured faster)")
             return orig(m, x, *args, **kwargs)
         if path == "fused":
-            _record(cfg.name, "fused-linear")
+            _record(cfg, "fused-linear")
             return _fused_linear(m, x, dtype, cfg)
-        _record(cfg.name, "decode")
+        _record(cfg, "decode")
         return F.linear(x, _cast_weight(m, dtype, cfg), _cast_bias(m, dtype))
-    _record(cfg.name, "decode")
+    _record(cfg, "decode")
     w, b = _cast_weight(m, dtype, cfg), _cast_bias(m, dtype)
     if cfg.kind == "conv":
         return m._conv_forward(x, w, b)

@@ -322,11 +322,13 @@ class Executor:
         return self.fn(x)
 
 
-def test_first_call_of_a_compiled_model_is_eager_and_calibrates(store, forced_cpu, comfy):
+@pytest.mark.parametrize("compile_key", ["torch.compile", "tritonkit_compile"])  # TorchCompileModel, ours
+def test_first_call_of_a_compiled_model_is_eager_and_calibrates(store, forced_cpu, comfy, compile_key):
+    assert compile_key in NC.COMPILE_KEYS
     torch.manual_seed(0)
     model = Tiny(N.make_override("auto"))
     x = torch.randn(1, 32, 32)
-    topts = {"wrappers": {comfy.patcher_extension.WrappersMP.APPLY_MODEL: {NC.COMPILE_KEY: [object()]}}}
+    topts = {"wrappers": {comfy.patcher_extension.WrappersMP.APPLY_MODEL: {compile_key: [object()]}}}
     t = FakeTimer({"comfy": 0.5, "exact": 1.0, "int8": 2.0})   # the default here would be exact
     C.set_timer(t)
     torch._dynamo.reset()
