@@ -56,7 +56,7 @@ the order given; with ``--budget-s`` a run that would not finish in the time lef
 ``MODEL:CONFIG:regional`` runs the same nodes, then the pack's **Triton Compile Model** (regional
 compilation: each block class compiled once) instead of ``TorchCompileModel``; its ``compile`` is the
 cold compile when the cache folders start empty (``--compile-cache fresh``: no ``_cold_compile`` for
-these runs, the caches are the point), then two steps at the preset's second size (Flux 768²,
+these runs, the caches are the point), then three steps at the preset's second size (Flux 768²,
 HunyuanVideo 49 frames: ``second_res.compile_s``), and with ``--restart`` the same run again in a new
 process on the same caches (``warm_restart.compile_s``). Each regional row is also compared with its
 twins: s/step against the same configuration under ``TorchCompileModel`` and the final latent against
@@ -650,22 +650,24 @@ REGIONAL_OPTS = dict(mode="default", dynamic="auto", parts="blocks", cache_size_
 
 
 def _second_resolution(st, m, run_opts: dict, cond, neg, latent, seed: int, device: str, node_mod) -> dict:
-    """Two more steps at another latent size on the compiled model: what the new size costs
-    (first step minus the second), and how many graphs it compiled."""
+    """Three more steps at another latent size on the compiled model: what the new size costs
+    (the first two steps over the third), and how many graphs it compiled."""
     import comfy.patcher_extension as pe
     m2 = m.clone()
     m2.remove_wrappers_with_key(pe.WrappersMP.APPLY_MODEL, "tritonkit_bench_timer")
     timer = StepTimer(device)
     m2.add_wrapper_with_key(pe.WrappersMP.APPLY_MODEL, "tritonkit_bench_timer", timer)
     frames0 = _dynamo_counters()["frames"]
-    inproc.call_node("KSampler", model=m2, seed=seed, steps=2, cfg=1.0, sampler_name="euler", scheduler="simple",
+    inproc.call_node("KSampler", model=m2, seed=seed, steps=3, cfg=1.0, sampler_name="euler", scheduler="simple",
                      positive=cond, negative=neg, latent_image=latent, denoise=1.0)
     _sync(device)
     t = timer.step_times()
     out = {"latent_shape": list(latent["samples"].shape), "step_times_s": [round(x, 5) for x in t],
            "frames_compiled": _dynamo_counters()["frames"] - frames0}
     if len(t) >= 2:
-        out["compile_s"] = t[0] - t[1]
+        # what the new size costs over steady steps: a first call calibrating its new shape
+        # classes (eagerly) and any compile, in whichever of the first steps they happen
+        out["compile_s"] = sum(t[:-1]) - (len(t) - 1) * t[-1]
     if node_mod is not None and callable(getattr(node_mod, "stats", None)):
         out["compile_node"] = node_mod.stats()
     return out
@@ -731,7 +733,7 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     # dynamo compiled (the pack's calibration runs a compiled model's first call eagerly when a
     # shape class is not measured yet, so Inductor then compiles in step 2)
     first_timed = 1
-    if run.compiled:
+    if run.compiled or run.regional:
         marks = timer.frames + [_dynamo_counters()["frames"]]
         compiling = [i for i in range(len(steps_t)) if marks[i + 1] > marks[i]]
         if compiling and compiling[-1] + 1 < len(steps_t):
@@ -742,6 +744,8 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     rec["forward_calls"] = len(timer.starts)
     if (run.compiled or run.regional) and rec["first_step_s"] is not None and rest:
         rec["compile_s"] = steps_t[first_timed - 1] - rec["s_per_step"]
+        if first_timed >= 2:  # step 1 ran eagerly to calibrate: what that cost on top of a step
+            rec["calibration_step_s"] = steps_t[0] - rec["s_per_step"]
     if device == "cuda":
         rec["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         rec["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
@@ -1184,10 +1188,12 @@ def warm_restart(rec: dict, preset: str, models_dir, out_dir, index: int, seed: 
     if sub.get("error"):
         out["error"] = sub["error"]
         return out
-    for k in ("compile_s", "first_step_s", "s_per_step", "step_times_s", "compile_node", "compile_node_summary",
-              "dynamo"):
+    for k in ("compile_s", "calibration_step_s", "first_step_s", "s_per_step", "step_times_s", "compile_node",
+              "compile_node_summary", "dynamo", "calibration"):
         if k in sub:
             out[k] = sub[k]
+    # what the pack logged in that process (what a warm first step spent its time on)
+    out["log"] = [ln[:300] for ln in (p.stdout + p.stderr).splitlines() if "TritonKit" in ln][-30:]
     return out
 
 
@@ -1226,7 +1232,7 @@ def main(argv=None):
                     "'fresh' for a new empty one: MODEL:CONFIG:regional runs are cold in an empty one")
     ap.add_argument("--restart", action="store_true", help="after the plan, run every :regional run again in a "
                     "new process on the same caches (the warm-restart compile time)")
-    ap.add_argument("--no-second-res", action="store_true", help=":regional runs skip the two steps at the "
+    ap.add_argument("--no-second-res", action="store_true", help=":regional runs skip the three steps at the "
                     "preset's second size (Flux 768², HunyuanVideo 49 frames)")
     ap.add_argument("--regional-opts", help="JSON options of the Triton Compile Model node, default "
                     + json.dumps(REGIONAL_OPTS))
