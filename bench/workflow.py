@@ -734,7 +734,7 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     # shape class is not measured yet, so Inductor then compiles in step 2)
     first_timed = 1
     if run.compiled or run.regional:
-        marks = timer.frames + [_dynamo_counters()["frames"]]
+        marks = timer.frames + [dynamo_main["frames"]]  # not the second size's frames
         compiling = [i for i in range(len(steps_t)) if marks[i + 1] > marks[i]]
         if compiling and compiling[-1] + 1 < len(steps_t):
             first_timed = max(1, compiling[-1] + 1)
