@@ -110,10 +110,7 @@ def pytest_collection_modifyitems(config, items):
         groups = list(modules.values())
         rng.shuffle(groups)
         for group in groups:
-            # test_compile_model: test_lowvram_blocks_run_eager fails after some of its siblings
-            # (seed 222980984: no eager block calls); its tests keep file order until that is fixed
-            if not group[0].nodeid.split("::")[0].endswith("test_compile_model.py"):
-                rng.shuffle(group)
+            rng.shuffle(group)
         items[:] = [item for group in groups for item in group]
     if _cuda_available():
         return
