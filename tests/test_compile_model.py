@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.comfyui  # ComfyUI in this process: scripts/dev.sh runs it against every line
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 FLUX_CFG = dict(image_model="flux", in_channels=16, patch_size=2, out_channels=16, vec_in_dim=32,
