@@ -248,7 +248,9 @@ def describe(mode: str, model) -> str:
     if mode == "8-bit" and not A.int8_supported(cc):
         lines.append("8-bit needs sm80+: calls use ComfyUI's attention; choose exact")
     elif mode == "8-bit":
-        lines.append("kernel: int8 Q·K (smoothed K, per-row Q / per-block K scales), P·V fp16/bf16, fp32 accumulation")
+        pv = ("fp8 e4m3 (this GPU has fp8 MMA; on sm90/sm100 from "
+              f"{A.FP8_PV_MIN_KEYS_DATACENTER} keys, below that fp16/bf16)" if A.fp8_pv_supported(cc) else "fp16/bf16")
+        lines.append(f"kernel: int8 Q·K (smoothed K, per-row Q / per-block K scales), P·V {pv}, fp32 accumulation")
     elif mode == "exact":
         lines.append("kernel: exact (fp32 softmax and accumulation)")
     else:
@@ -282,8 +284,8 @@ class TritonAttention:
     RETURN_NAMES = ("model",)
     OUTPUT_TOOLTIPS = ("The model with its attention routed through the Triton kernel.",)
     DESCRIPTION = ("Runs the model's attention through TritonKit's Triton FlashAttention kernel. exact: fp32 "
-                   "softmax/accumulation, same accuracy as PyTorch SDPA. 8-bit: int8 Q·K (SageAttention style), "
-                   "faster, cosine >= 0.999. auto: the fastest of ComfyUI's attention, exact and 8-bit, measured on your GPU "
+                   "softmax/accumulation, same accuracy as PyTorch SDPA. 8-bit: int8 Q·K (SageAttention style) "
+                   "and, on GPUs with fp8 MMA (RTX 40xx/50xx, H100), fp8 P·V; faster, cosine >= 0.999. auto: the fastest of ComfyUI's attention, exact and 8-bit, measured on your GPU "
                    "the first time each shape class runs and remembered (8-bit only where the model allows low precision). "
                    "Calls it can't serve use ComfyUI's attention (logged once). Put TorchCompileModel "
                    "after it if you compile.")
