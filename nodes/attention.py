@@ -187,7 +187,7 @@ def _auto_choice(func, args, kwargs, b, force_cpu):
     D = q.shape[-1] if bhld else q.shape[-1] // b["heads"]
     Lk = b["k"].shape[-2] if bhld else b["k"].shape[1]
     choice = calib.pick(q.device, key, cands, default, calib.ATTN_PATH_ENV, calib.ATTN_PATHS,
-                        f"attention head {D}, {Lk} keys, {str(q.dtype).replace('torch.', '')}")
+                        f"attention head {D}, {Lk} keys, {str(q.dtype).replace('torch.', '')}", prefer="comfy")
     if choice == "comfy":
         return None, f"auto: ComfyUI's attention ({fname}) is faster or the default for head size {D} here"
     return choice, None

@@ -71,15 +71,17 @@ def forced(env: str, table: dict) -> Optional[str]:
     return table[raw]
 
 
-def pick(device, key: str, candidates: dict, default: str, env: str, table: dict, what: str) -> str:
-    """The forced path when it is a candidate here, else the calibrated (or default) one."""
+def pick(device, key: str, candidates: dict, default: str, env: str, table: dict, what: str,
+         prefer: Optional[str] = None) -> str:
+    """The forced path when it is a candidate here, else the calibrated (or default) one
+    (``prefer``: ComfyUI's own path, kept unless another is clearly faster)."""
     f = None if torch.compiler.is_compiling() else forced(env, table)
     if f is not None:
         if f in candidates:
             return f
         _log_once("notallowed:" + env + f + key, "TritonKit: %s=%s is not possible for %s; using %s", env, f, what,
                   default)
-    return C.choose(device, key, candidates, default, what=what)
+    return C.choose(device, key, candidates, default, what=what, prefer=prefer)
 
 
 # ----------------------------------------------------------------------------- fp8 linear
@@ -99,7 +101,8 @@ def fp8_linear_path(m, x, default: str, runs: dict, cc=None) -> str:
     only the paths this call allows; ``cc``: the compute capability the paths are chosen for)."""
     key = fp8_linear_key(m, x, runs, cc)
     return pick(x.device, key, runs, default, FP8_PATH_ENV, FP8_PATHS,
-                f"fp8 linear {m.weight.shape[0]}x{m.weight.shape[1]} at {C.pow2_bucket(x.numel() // max(1, x.shape[-1]))} tokens")
+                f"fp8 linear {m.weight.shape[0]}x{m.weight.shape[1]} at {C.pow2_bucket(x.numel() // max(1, x.shape[-1]))} tokens",
+                prefer="torch")
 
 
 # ----------------------------------------------------------------------------- attention

@@ -81,6 +81,22 @@ def test_picks_fastest_and_stores_it(store):
     assert len(t.asked) == 3 and C.COUNTERS["calibrations"] == 1
 
 
+def test_comfyuis_path_is_kept_unless_another_is_clearly_faster(store):
+    # within the margin: ComfyUI's own path stays (a 2 % win flips from one process to the next)
+    near = {"comfy": 1.0, "exact": 1.0 * (1 - C.PREFER_MARGIN / 2), "int8": 1.2}
+    assert C.pick_fastest(near, "exact", prefer="comfy") == "comfy"
+    assert C.pick_fastest(near, "exact") == "exact"                      # no preference: the fastest
+    far = {"comfy": 1.0, "exact": 1.0 * (1 - 2 * C.PREFER_MARGIN), "int8": 1.2}
+    assert C.pick_fastest(far, "comfy", prefer="comfy") == "exact"
+    assert C.pick_fastest({"exact": 2.0, "int8": 1.0}, "exact", prefer="comfy") == "int8"  # not timed
+    assert C.pick_fastest({}, "exact", prefer="comfy") == "exact"
+    # through the chooser, stored with the preference it was made under
+    C.set_timer(FakeTimer(near))
+    assert C.choose(CPU, "kp", CANDS, "exact", prefer="comfy") == "comfy"
+    e = json.loads(store_file(store).read_text())["entries"]["kp"]
+    assert e["choice"] == "comfy" and e["prefer"] == "comfy" and e["margin"] == C.PREFER_MARGIN
+
+
 def test_failing_candidate_is_not_chosen(store):
     C.set_timer(FakeTimer({"comfy": 3.0, "exact": RuntimeError("out of resources"), "int8": 2.0}))
     assert C.choose(CPU, "k", CANDS, "exact") == "int8"
