@@ -440,6 +440,24 @@ def _calibration_delta(before: dict, after: dict) -> dict:
             "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {})} for k, v in new.items()}}
 
 
+def _compile_phases(top: int = 12) -> dict:
+    """Seconds spent so far in this process in torch's timed compile phases (dynamo tracing,
+    AOTAutograd, Inductor, cache loads: ``torch._dynamo.utils.compile_times``), the largest first:
+    where a (warm) first step spends its time."""
+    try:
+        from torch._dynamo.utils import compile_times
+        headers, values = compile_times(repr="csv", aggregate=True)
+        phases = {}
+        for h, v in zip(headers, values):
+            try:
+                phases[h] = round(float(v), 3)
+            except (TypeError, ValueError):
+                continue
+        return dict(sorted(phases.items(), key=lambda kv: -kv[1])[:top])
+    except Exception as e:  # noqa: BLE001 - an older/newer torch: the bench still runs
+        return {"unavailable": f"{type(e).__name__}: {e}"}
+
+
 def _dynamo_counters() -> dict:
     from torch._dynamo.utils import counters
     return {"frames": counters["frames"].get("total", 0), "frames_ok": counters["frames"].get("ok", 0),
@@ -752,6 +770,7 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     if run.compiled or run.regional:
         dc = dynamo_main
         rec["dynamo"] = dc
+        rec["compile_phases_s"] = _compile_phases()
         rec["dynamo"]["frames_after_first_step"] = dc["frames"] - (timer.frames[1] if len(timer.frames) > 1 else dc["frames"])
         # Recompiles: frames compiled after the first step that compiled anything (a compiled model
         # whose first call ran eagerly for calibration compiles in step 2: that is its compile, not a recompile).
@@ -1189,7 +1208,7 @@ def warm_restart(rec: dict, preset: str, models_dir, out_dir, index: int, seed: 
         out["error"] = sub["error"]
         return out
     for k in ("compile_s", "calibration_step_s", "first_step_s", "s_per_step", "step_times_s", "compile_node",
-              "compile_node_summary", "dynamo", "calibration"):
+              "compile_node_summary", "dynamo", "calibration", "compile_phases_s"):
         if k in sub:
             out[k] = sub[k]
     # what the pack logged in that process (what a warm first step spent its time on)
