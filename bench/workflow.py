@@ -474,6 +474,19 @@ def _inductor_dir() -> str | None:
         return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 
+def _inductor_files_since(d: str, since: float):
+    """(path, text) of each .py file under Inductor's cache dir ``d`` written since ``since``, in
+    path order; files that cannot be read are skipped."""
+    for path in sorted(glob.glob(os.path.join(d, "**", "*.py"), recursive=True)):
+        try:
+            if os.path.getmtime(path) < since:
+                continue
+            text = open(path, encoding="utf-8", errors="replace").read()
+        except OSError:
+            continue
+        yield path, text
+
+
 def _fp8e4nv_kernels(since: float) -> dict:
     """Triton kernels Inductor wrote since ``since`` and how many use the fp8e4nv type."""
     d = _inductor_dir()
@@ -481,13 +494,7 @@ def _fp8e4nv_kernels(since: float) -> dict:
         return {"triton_kernels": 0, "fp8e4nv_kernels": 0}
     wrapped = [0, 0]   # kernels inside Inductor's output code (async_compile.triton('name', '''src'''))
     loose = [0, 0]     # kernel source files on their own
-    for path in glob.glob(os.path.join(d, "**", "*.py"), recursive=True):
-        try:
-            if os.path.getmtime(path) < since:
-                continue
-            text = open(path, encoding="utf-8", errors="replace").read()
-        except OSError:
-            continue
+    for _, text in _inductor_files_since(d, since):
         if "async_compile.triton(" in text:
             for chunk in text.split("async_compile.triton(")[1:]:
                 wrapped[0] += 1
@@ -509,13 +516,7 @@ def _compile_fp8e4nv_kernel_for(since: float, cc: int) -> dict:
         return {"status": "no Inductor cache dir"}
     sources = []  # (name, kernel source): kernel files, and kernels inside Inductor's output code
     wrapped = re.compile(r"async_compile\.triton\('([^']+)', '{3}(.*?)'{3}", re.S)
-    for path in sorted(glob.glob(os.path.join(d, "**", "*.py"), recursive=True)):
-        try:
-            if os.path.getmtime(path) < since:
-                continue
-            text = open(path, encoding="utf-8", errors="replace").read()
-        except OSError:
-            continue
+    for path, text in _inductor_files_since(d, since):
         if "async_compile.triton(" in text:
             sources += [(m.group(1), m.group(2)) for m in wrapped.finditer(text)]
         elif "@triton.jit" in text:

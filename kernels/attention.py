@@ -53,6 +53,34 @@ MAX_HEAD_DIM = 256
 MODES = ("exact", "int8")
 
 # ----------------------------------------------------------------------------- kernels
+# Small @triton.jit helpers shared by the kernels below; Triton inlines them, so each compiles to
+# what it replaces written out in place.
+
+
+@triton.jit
+def _round_strides(stride_b, stride_h, stride_l, MULT: tl.constexpr):
+    """The three strides rounded down to multiples of MULT, for strides the launcher knows are
+    multiples already (exact): the compiler then knows it too, and vectorises the loads (it only
+    infers alignment from strides that are multiples of 16). `(s // m) * m` rather than
+    tl.multiple_of: the hint on a kernel argument is dropped (scalar loads, measured in PTX)."""
+    return (stride_b // MULT) * MULT, (stride_h // MULT) * MULT, (stride_l // MULT) * MULT
+
+
+@triton.jit
+def _block_batch_head(pid, num_blocks, H):
+    """Program pid's (block, batch, head) on a 1-D grid of num_blocks · B · H programs, blocks
+    fastest; batch and head as int64 (their offsets may pass 2**31)."""
+    blk = pid % num_blocks
+    off_hz = pid // num_blocks
+    return blk, (off_hz // H).to(tl.int64), (off_hz % H).to(tl.int64)
+
+
+@triton.jit
+def _maybe_int64(offs, INT64: tl.constexpr):
+    """offs as int64 when INT64 (a tensor big enough that offs · stride may pass 2**31), else as is."""
+    if INT64:
+        offs = offs.to(tl.int64)
+    return offs
 
 
 @triton.jit
@@ -85,35 +113,19 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD,
     Triton to warp-specialise the unmasked key loop (producer / consumer warps)."""
     PAD_D: tl.constexpr = HEAD_DIM != BLOCK_D
     if ALIGN8:
-        # Every row start is 16-byte aligned (the launcher checked): tell the compiler, so rows of
-        # e.g. 40 or 80 elements still load as 16-byte vectors (Triton only infers alignment from
-        # strides that are multiples of 16). `(s // 8) * 8` (exact here) rather than
-        # tl.multiple_of: the hint on a kernel argument is dropped (scalar loads, measured in PTX).
-        stride_qb = (stride_qb // 8) * 8
-        stride_qh = (stride_qh // 8) * 8
-        stride_ql = (stride_ql // 8) * 8
-        stride_kb = (stride_kb // 8) * 8
-        stride_kh = (stride_kh // 8) * 8
-        stride_kl = (stride_kl // 8) * 8
-        stride_vb = (stride_vb // 8) * 8
-        stride_vh = (stride_vh // 8) * 8
-        stride_vl = (stride_vl // 8) * 8
-        stride_ob = (stride_ob // 8) * 8
-        stride_oh = (stride_oh // 8) * 8
-        stride_ol = (stride_ol // 8) * 8
+        # every row start is 16-byte aligned (the launcher checked): rows of e.g. 40 or 80
+        # elements still load as 16-byte vectors
+        stride_qb, stride_qh, stride_ql = _round_strides(stride_qb, stride_qh, stride_ql, 8)
+        stride_kb, stride_kh, stride_kl = _round_strides(stride_kb, stride_kh, stride_kl, 8)
+        stride_vb, stride_vh, stride_vl = _round_strides(stride_vb, stride_vh, stride_vl, 8)
+        stride_ob, stride_oh, stride_ol = _round_strides(stride_ob, stride_oh, stride_ol, 8)
     if PV_MODE == 1:
         # the fp8 V copy is ours: (B, H, BLOCK_D, L_pad), L_pad a multiple of 128
-        stride_vb = (stride_vb // 128) * 128
-        stride_vh = (stride_vh // 128) * 128
-        stride_vl = (stride_vl // 128) * 128
+        stride_vb, stride_vh, stride_vl = _round_strides(stride_vb, stride_vh, stride_vl, 128)
     if INT8:
         # the int8 Q / K copies are ours too: contiguous (B, H, L, BLOCK_D)
-        stride_qb = (stride_qb // 16) * 16
-        stride_qh = (stride_qh // 16) * 16
-        stride_ql = (stride_ql // 16) * 16
-        stride_kb = (stride_kb // 16) * 16
-        stride_kh = (stride_kh // 16) * 16
-        stride_kl = (stride_kl // 16) * 16
+        stride_qb, stride_qh, stride_ql = _round_strides(stride_qb, stride_qh, stride_ql, 16)
+        stride_kb, stride_kh, stride_kl = _round_strides(stride_kb, stride_kh, stride_kl, 16)
     pid = tl.program_id(0)
     num_m = (Lq + BLOCK_M - 1) // BLOCK_M
     start_m = pid % num_m
@@ -126,10 +138,7 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    if INT64:
-        offs_m_o = offs_m.to(tl.int64)
-    else:
-        offs_m_o = offs_m
+    offs_m_o = _maybe_int64(offs_m, INT64)
     m_ok = offs_m < Lq
     d_ok = offs_d < HEAD_DIM
 
@@ -172,10 +181,7 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD,
             hi_s = full_end
         for start_n in tl.range(lo, hi_s, BLOCK_N, warp_specialize=WARP_SPEC and stage == 0):
             cols = start_n + offs_n
-            if INT64:
-                cols_o = cols.to(tl.int64)
-            else:
-                cols_o = cols
+            cols_o = _maybe_int64(cols, INT64)
             n_ok = cols < Lk
             k_ptrs = K_base + cols_o[:, None] * stride_kl + offs_d[None, :]
             if INT8:
@@ -230,11 +236,7 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD,
             if PV_MODE == 1:
                 # fp8 V^T: (BLOCK_D, BLOCK_N) tile, keys contiguous (K-major for the fp8 MMA); the
                 # copy is zero-padded to a multiple of 128 keys and BLOCK_D channels: no masks
-                if INT64:
-                    vt_ptrs = V_base + offs_d.to(tl.int64)[:, None] * stride_vl + cols_o[None, :]
-                else:
-                    vt_ptrs = V_base + offs_d[:, None] * stride_vl + cols_o[None, :]
-                vt = tl.load(vt_ptrs)
+                vt = tl.load(V_base + _maybe_int64(offs_d, INT64)[:, None] * stride_vl + cols_o[None, :])
                 # two-level accumulation: one key block's products summed by the MMA (whose fp8
                 # accumulator keeps fewer mantissa bits than fp32), then added in fp32 registers;
                 # accumulating every block in the MMA lost accuracy with L (cos 0.9989 at L=32760)
@@ -285,20 +287,10 @@ def quant_int8_kernel(X, Mean, Out, Scale, L, H, mult,
     of BLOCK_L rows; round half away from zero, as SageAttention does. ALIGN8: as in
     attn_fwd_kernel (16-byte rows, vector loads at head sizes 40 / 80)."""
     if ALIGN8:
-        stride_xb = (stride_xb // 8) * 8
-        stride_xh = (stride_xh // 8) * 8
-        stride_xl = (stride_xl // 8) * 8
-    pid = tl.program_id(0)
-    num_l = (L + BLOCK_L - 1) // BLOCK_L
-    blk = pid % num_l
-    off_hz = pid // num_l
-    b = (off_hz // H).to(tl.int64)
-    h = (off_hz % H).to(tl.int64)
+        stride_xb, stride_xh, stride_xl = _round_strides(stride_xb, stride_xh, stride_xl, 8)
+    blk, b, h = _block_batch_head(tl.program_id(0), (L + BLOCK_L - 1) // BLOCK_L, H)
     rows = blk * BLOCK_L + tl.arange(0, BLOCK_L)
-    if INT64:
-        rows_o = rows.to(tl.int64)
-    else:
-        rows_o = rows
+    rows_o = _maybe_int64(rows, INT64)
     offs_d = tl.arange(0, BLOCK_D)
     r_ok = rows < L
     d_ok = offs_d < HEAD_DIM
@@ -333,24 +325,14 @@ def v_absmax_kernel(X, Amax, L, H, stride_xb, stride_xh, stride_xl,
     """Per (batch, head, channel) max |v| over the sequence into a zeroed fp32 (B, H, BLOCK_D)
     buffer: each program reduces CHUNK rows, then one atomic max per channel."""
     if ALIGN8:
-        stride_xb = (stride_xb // 8) * 8
-        stride_xh = (stride_xh // 8) * 8
-        stride_xl = (stride_xl // 8) * 8
-    pid = tl.program_id(0)
-    num_c = tl.cdiv(L, CHUNK)
-    blk = pid % num_c
-    off_hz = pid // num_c
-    b = (off_hz // H).to(tl.int64)
-    h = (off_hz % H).to(tl.int64)
+        stride_xb, stride_xh, stride_xl = _round_strides(stride_xb, stride_xh, stride_xl, 8)
+    blk, b, h = _block_batch_head(tl.program_id(0), tl.cdiv(L, CHUNK), H)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     m = tl.zeros([BLOCK_D], dtype=tl.float32)
     for r0 in tl.static_range(0, CHUNK, BLOCK_L):
         rows = blk * CHUNK + r0 + tl.arange(0, BLOCK_L)
-        if INT64:
-            rows_o = rows.to(tl.int64)
-        else:
-            rows_o = rows
+        rows_o = _maybe_int64(rows, INT64)
         x = tl.load(X + b * stride_xb + h * stride_xh + rows_o[:, None] * stride_xl + offs_d[None, :],
                     mask=(rows < L)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         m = tl.maximum(m, tl.max(tl.abs(x), 0))
@@ -367,20 +349,10 @@ def quant_v_fp8_kernel(X, Amax, Out, L, H,
     cos 0.99895 vs 0.99927 at L=32760), written transposed into a contiguous zero-padded
     (B, H, BLOCK_D, L_pad) buffer (keys contiguous, the K-major operand the fp8 MMA needs)."""
     if ALIGN8:
-        stride_xb = (stride_xb // 8) * 8
-        stride_xh = (stride_xh // 8) * 8
-        stride_xl = (stride_xl // 8) * 8
-    pid = tl.program_id(0)
-    num_l = tl.cdiv(stride_od, BLOCK_L)
-    blk = pid % num_l
-    off_hz = pid // num_l
-    b = (off_hz // H).to(tl.int64)
-    h = (off_hz % H).to(tl.int64)
+        stride_xb, stride_xh, stride_xl = _round_strides(stride_xb, stride_xh, stride_xl, 8)
+    blk, b, h = _block_batch_head(tl.program_id(0), tl.cdiv(stride_od, BLOCK_L), H)
     rows = blk * BLOCK_L + tl.arange(0, BLOCK_L)
-    if INT64:
-        rows_o = rows.to(tl.int64)
-    else:
-        rows_o = rows
+    rows_o = _maybe_int64(rows, INT64)
     offs_d = tl.arange(0, BLOCK_D)
     ok = (rows < L)[:, None] & (offs_d < HEAD_DIM)[None, :]
     x = tl.load(X + b * stride_xb + h * stride_xh + rows_o[:, None] * stride_xl + offs_d[None, :],

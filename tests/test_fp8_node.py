@@ -92,6 +92,17 @@ def run(base, x):
 X = torch.randn(2, 3, 32, generator=torch.Generator().manual_seed(9))
 
 
+def patched_with_lora(node, base, mp, lora):
+    """ComfyUI's output on X with the weight functions ``lora()`` sets, and the node's patched
+    clone ("auto") with ``lora()`` applied again after patching."""
+    lora()
+    ref = run(base, X)
+    clone, _ = node.patch_model(mp, "auto")
+    clone.patch_model()
+    lora()
+    return ref, clone
+
+
 def test_patch_is_exact_counted_and_reversible(comfy, node):
     from tritonkit.kernels import fp8
     base, mp = build(comfy)
@@ -160,11 +171,7 @@ def test_lora_weight_functions_and_offloaded_weights_fall_back_cleanly(comfy, no
         dm.img_in.weight_function = [lambda w: w * 1.5]
         dm.out.bias_function = [lambda b: b + 0.25]
 
-    lora()
-    ref = run(base, X)
-    clone, _ = node.patch_model(mp, "auto")
-    clone.patch_model()
-    lora()
+    ref, clone = patched_with_lora(node, base, mp, lora)
     try:
         node.STATS.reset()
         torch.testing.assert_close(run(base, X), ref, rtol=1e-5, atol=1e-5)
@@ -373,11 +380,7 @@ def test_quantized_weight_functions_see_the_dequantized_weight(comfy, node, kitc
         dm.img_in.weight_function = [lambda w: seen.append(w.clone()) or w * 1.5 + 0.001]
         dm.out.bias_function = [lambda b: b + 0.25]
 
-    lora()
-    ref = run(base, X)
-    clone, _ = node.patch_model(mp, "auto")
-    clone.patch_model()
-    lora()
+    ref, clone = patched_with_lora(node, base, mp, lora)
     try:
         node.STATS.reset()
         torch.testing.assert_close(run(base, X), ref, rtol=1e-5, atol=1e-6)  # GEMM order: see above
