@@ -176,7 +176,7 @@ def test_lora_weight_functions_and_offloaded_weights_fall_back_cleanly(comfy, no
         assert node._eligible(fake, X, cfg) == "weights not on the compute device (offloaded)"
         with caplog.at_level(logging.INFO, logger="TritonKit"):
             for _ in range(3):
-                node._fallback("img_in", "weights not on the compute device (offloaded)")
+                node._fallback(cfg, "weights not on the compute device (offloaded)")
         assert sum("offloaded" in r.getMessage() for r in caplog.records) <= 1  # once per reason
     finally:
         clone.unpatch_model()
