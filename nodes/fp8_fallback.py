@@ -13,8 +13,8 @@ per-module route of docs: comfyui-internals §B.6, option 2):
   ``torch.ops.tritonkit.fp8_decode`` then ComfyUI's own functional call, weight functions
   (LoRA patches in lowvram mode) applied after the decode exactly as ComfyUI applies them;
 * small fp8 parameters that are not in a ComfyUI op (Flux's QK-norm scales, WAN's modulation)
-  and the fp8 biases of the patched layers are decoded once, here, to the compute dtype (an
-  object patch of the parameter): a bias is a few KB, and decoding it on every call was half of
+  and the fp8 biases of the patched layers are decoded once, here, to the compute dtype on the
+  load device (an object patch of the parameter): a bias is a few KB, and decoding it on every call was half of
   the kernel launches of a Flux step (bench/workflow.py).
 
 ComfyUI 0.8+ loads scaled-fp8 files (``convert_old_quants``) and files with per-layer
@@ -154,8 +154,14 @@ def _eligible(m, x, cfg: LayerConfig) -> Optional[str]:
         return "weight is no longer fp8"
     if type(x) is not torch.Tensor:
         return "input is not a plain tensor"
-    if w.device != x.device or (m.bias is not None and m.bias.device != x.device):
+    if w.device != x.device:
         return "weights not on the compute device (offloaded)"
+    # Only fp8 tensors have to be where the decode runs. A bias that is already decoded (the node's
+    # own, decoded once; a QuantizedTensor layer's) is moved to the activations as ComfyUI's
+    # cast_bias_weight moves it. Falling back for it handed ComfyUI's fp8 cast of the weight to
+    # compiled graphs: fp8e4nv code below sm89 (seen on an H100, see apply_plan).
+    if m.bias is not None and m.bias.device != x.device and m.bias.dtype in FP8_DTYPES:
+        return "fp8 bias not on the compute device (offloaded)"
     if x.device.type == "cpu":
         if not cfg.allow_cpu:
             return "CPU tensors (set TRITONKIT_FORCE_TRITON_ON_CPU=1 to use the Triton interpreter)"
@@ -174,11 +180,11 @@ def _decode(t, dtype, scale=None, round_scale=False):
     return decode_op(t, dtype, scale, round_scale)
 
 
-def _cast_bias(m, dtype):
+def _cast_bias(m, dtype, device):
     b = m.bias
     if b is None:
         return None
-    b = _decode(b, dtype) if b.dtype in FP8_DTYPES else b.to(dtype)
+    b = _decode(b, dtype) if b.dtype in FP8_DTYPES else b.to(device=device, dtype=dtype)
     for f in m.bias_function:
         b = f(b)
     return b
@@ -224,7 +230,7 @@ def _fused_linear(m, x, dtype, cfg: LayerConfig):
     from ..kernels.fp8_linear import linear_op
     b = m.bias
     if b is not None and b.dtype not in FP8_DTYPES:
-        b = b.to(dtype)
+        b = b.to(device=x.device, dtype=dtype)
     if cfg.quant is not None:
         w, scale = m.weight._qdata, m.weight._params.scale
         if dict(cfg.quant)[dtype]:
@@ -238,7 +244,8 @@ def _calibrated_path(m, orig, cfg: LayerConfig, x, args, kwargs) -> str:
     from . import calibration as calib
     dtype = x.dtype
     default = "fused" if _fused_ok(m, x, cfg) else "decode"
-    runs = {"decode": lambda: torch.nn.functional.linear(x, _cast_weight(m, dtype, cfg), _cast_bias(m, dtype))}
+    runs = {"decode": lambda: torch.nn.functional.linear(x, _cast_weight(m, dtype, cfg),
+                                                         _cast_bias(m, dtype, x.device))}
     if cfg.arch is None or cfg.arch >= 89:
         # below sm89 ComfyUI's own cast is what TorchCompileModel turns into fp8e4nv code that Triton
         # refuses (seen: an H100 @86 picked it for one shape class, 1 of 33 Inductor kernels fp8e4nv)
@@ -270,9 +277,9 @@ def _forward(m, orig, cfg: LayerConfig, rms_norm, x, *args, **kwargs):
             _record(cfg, "fused-linear")
             return _fused_linear(m, x, dtype, cfg)
         _record(cfg, "decode")
-        return F.linear(x, _cast_weight(m, dtype, cfg), _cast_bias(m, dtype))
+        return F.linear(x, _cast_weight(m, dtype, cfg), _cast_bias(m, dtype, x.device))
     _record(cfg, "decode")
-    w, b = _cast_weight(m, dtype, cfg), _cast_bias(m, dtype)
+    w, b = _cast_weight(m, dtype, cfg), _cast_bias(m, dtype, x.device)
     if cfg.kind == "conv":
         return m._conv_forward(x, w, b)
     if cfg.kind == "groupnorm":
@@ -558,12 +565,14 @@ def plan_model(model, mode: str = "auto") -> Plan:
     return plan
 
 
-def _predecoded(p: torch.Tensor, dtype: torch.dtype, use_triton: bool) -> torch.nn.Parameter:
-    if use_triton:
+def _predecoded(p: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.nn.Parameter:
+    """``p`` decoded to ``dtype`` on ``device``, the device the model runs on."""
+    v = p.detach().to(device)
+    if device.type == "cuda" or force_triton_on_cpu():
         from ..kernels.fp8 import decode
-        v = decode(p.detach(), dtype)
+        v = decode(v, dtype)
     else:
-        v = p.detach().to(dtype)  # same values, bit for bit (every fp8 value is exact in fp16/bf16/fp32)
+        v = v.to(dtype)  # same values, bit for bit (every fp8 value is exact in fp16/bf16/fp32)
     return torch.nn.Parameter(v, requires_grad=False)
 
 
@@ -579,9 +588,18 @@ def apply_plan(model, plan: Plan) -> None:
                                make_forward(mod, cfg, comfy.rmsnorm.rms_norm))
     for name in plan.full_precision:
         model.add_object_patch(f"diffusion_model.{name}._full_precision_mm", True)
+    # Decoded parameters are made on the load device, wherever the original is. ComfyUI moves an
+    # object-patched tensor only when it loads the weights: a clone of a model that is already loaded
+    # gets its object patches set as they are (ModelPatcher.partially_load). And the original a later
+    # clone reads (get_model_object: ComfyUI's backup from the first clone's patch_model) is the tensor
+    # from before the first load, on the CPU where ComfyUI loaded the checkpoint there (it does when
+    # the GPU has less free memory than the host: an H100 80 GB in a 128 GB box, a 24 GB card).
+    # Decoded where it lay, a second run's biases stayed on the CPU, their layers fell back to
+    # ComfyUI's cast, and TorchCompileModel compiled that to fp8e4nv code below sm89 (HunyuanVideo
+    # @86 on an H100: its Conv3d and LayerNorms; the H200, which loads to the GPU, had none).
+    device = torch.device(model.load_device)
     for pname, (p, dtype) in plan.predecode.items():
-        use_triton = p.device.type == "cuda" or force_triton_on_cpu()
-        model.add_object_patch(f"diffusion_model.{pname}", _predecoded(p, dtype, use_triton))
+        model.add_object_patch(f"diffusion_model.{pname}", _predecoded(p, dtype, device))
     if plan.active and plan.mode == "auto":
         from . import calibration as calib
         calib.add_wrapper(model)  # under TorchCompileModel: the first call runs eagerly and calibrates

@@ -181,6 +181,11 @@ def test_lora_weight_functions_and_offloaded_weights_fall_back_cleanly(comfy, no
         meta_w = torch.nn.Parameter(torch.empty(64, 32, dtype=FP8, device="meta"), requires_grad=False)
         fake = types.SimpleNamespace(weight=meta_w, bias=None)
         assert node._eligible(fake, X, cfg) == "weights not on the compute device (offloaded)"
+        # a bias elsewhere: a decoded one is moved per call (as ComfyUI moves it), an fp8 one falls back
+        fake = types.SimpleNamespace(weight=dm.img_in.weight, bias=torch.zeros(64, device="meta"))
+        assert node._eligible(fake, X, cfg) is None
+        fake.bias = torch.zeros(64, dtype=FP8, device="meta")
+        assert node._eligible(fake, X, cfg) == "fp8 bias not on the compute device (offloaded)"
         with caplog.at_level(logging.INFO, logger="TritonKit"):
             for _ in range(3):
                 node._fallback(cfg, "weights not on the compute device (offloaded)")
@@ -557,6 +562,91 @@ def test_patched_model_compiles_without_graph_breaks(comfy, node):
     finally:
         clone.unpatch_model()
         torch._dynamo.reset()
+
+
+def fp8_reads(gm) -> list:
+    """(op, source line) of every op in an ATen graph that reads a float8 tensor, the pack's own
+    custom ops aside: below sm89 that is what Inductor turns into Triton code with an ``fp8e4nv``
+    pointer (ComfyUI's ``weight.to(dtype)``, ``cast_to``'s ``copy_``, a dequantize)."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or str(n.target).startswith("tritonkit."):
+            continue
+        vals = [a.meta.get("val") for a in n.all_input_nodes]
+        if any(isinstance(v, torch.Tensor) and v.dtype in (FP8, E5M2) for v in vals):
+            where = [ln.strip() for ln in (n.meta.get("stack_trace") or "").splitlines()
+                     if ln.strip().strip("^~")][-1:]  # the source line, not the caret line under it
+            out.append((str(n.target), where))
+    return out
+
+
+class _Traced(Exception):
+    """Raised by the inspecting backend once it has the graph: the graph is never run."""
+
+
+def trace_fp8_reads(module, x) -> list:
+    """Traces ``module(x)`` with torch.compile (fullgraph) down to the ATen graph AOTAutograd hands to
+    a compiler (Inductor's input) and returns :func:`fp8_reads` of it. The graph is not run."""
+    from torch._dynamo.backends.common import aot_autograd
+    reads = []
+
+    def fw_compiler(gm, _inputs):
+        reads.extend(fp8_reads(gm))
+        raise _Traced()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=aot_autograd(fw_compiler=fw_compiler), fullgraph=True)
+    try:
+        with torch.no_grad():
+            compiled(x)
+    except Exception as e:  # noqa: BLE001 - Dynamo wraps the backend's exception
+        cause = e
+        while cause is not None and not isinstance(cause, _Traced):
+            cause = cause.__cause__ or getattr(cause, "inner_exception", None)
+        if cause is None:
+            raise
+    else:
+        raise AssertionError("the inspecting backend was never called")
+    finally:
+        torch._dynamo.reset()
+    return reads
+
+
+@pytest.mark.parametrize("variant", ["fp8", "quantized"])
+def test_compiled_graph_keeps_no_comfy_fp8_cast_when_a_bias_sits_on_another_device(comfy, node, monkeypatch,
+                                                                                     request, variant):
+    """Below sm89 no patched layer may hand ComfyUI's fp8 cast to a compiled graph. The H100 case
+    (HunyuanVideo, TorchCompileModel @86, 4 fp8e4nv kernels; a second run of a model loaded before):
+    ComfyUI had loaded the checkpoint on the CPU, the second run's decoded biases were made from those
+    CPU originals, and ComfyUI sets a later clone's object patches on an already loaded model without
+    moving them (apply_plan). Each layer with such a bias (the patch-embedding Conv3d, the token
+    refiner's LayerNorms) fell back to ComfyUI's cast_bias_weight, which Inductor compiles to fp8e4nv
+    code. Now the biases are made on the load device, and a decoded (non-fp8) bias found elsewhere is
+    moved to the activations as ComfyUI moves it: only the fp8 weight has to be where the decode runs.
+
+    CPU-only stand-in for the CUDA/CPU pair: the activations on the CPU, the biases on the meta
+    device, so the graph is traced, inspected and never run."""
+    monkeypatch.setenv("TRITONKIT_FORCE_ARCH", "86")
+    if variant == "quantized":
+        request.getfixturevalue("kitchen")
+        base, mp = build_quantized(comfy)
+        layers = {"img_in", "mid", "out", "conv"}
+    else:
+        base, mp = build(comfy)
+        layers = {"img_in", "out", "norm", "conv"}
+    clone, _ = node.patch_model(mp, "auto")
+    assert layers <= {k.split(".")[1] for k in clone.object_patches if k.endswith(".forward_comfy_cast_weights")}
+    clone.patch_model()
+    try:
+        assert trace_fp8_reads(base.diffusion_model, X) == []  # on one device: the kernels only
+        dm = base.diffusion_model
+        for name in sorted(layers):
+            mod = getattr(dm, name)
+            assert mod.bias.dtype == torch.float32  # decoded once by the node, or a QuantizedTensor layer's own
+            mod.bias = torch.nn.Parameter(mod.bias.detach().to("meta"), requires_grad=False)
+        assert trace_fp8_reads(dm, X) == []
+    finally:
+        clone.unpatch_model()
 
 
 def test_node_registers_and_explains_with_a_broken_triton(tmp_path):
