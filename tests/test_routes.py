@@ -139,7 +139,9 @@ def test_concurrent_selftests_get_one_409(srv):
 
     def post():
         barrier.wait()
-        results.append(srv.request("POST", "/tritonkit/selftest", {"device": "cpu"}, timeout=300))
+        # 8M elements: a few seconds in the Triton interpreter, so the checks below run while it
+        # runs (with the default size a warm run could end before them on a fast or idle machine)
+        results.append(srv.request("POST", "/tritonkit/selftest", {"device": "cpu", "n": 1 << 23}, timeout=300))
 
     threads = [threading.Thread(target=post) for _ in range(2)]
     for t in threads:
