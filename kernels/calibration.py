@@ -58,6 +58,14 @@ _stores: dict = {}          # env id -> Store
 _device_env: dict = {}      # str(device) -> env id
 # (str(device), key) -> choice: a plain dict, read under torch.compile tracing without a graph break
 _CHOICES: dict = {}
+# (str(device), size-free key) -> choice: what a graph traced with dynamic token counts uses (see
+# choose() and prime()); written in eager code only, once per model call
+_TRACE_CHOICES: dict = {}
+# the fields of a key that hold a token-count bucket (nodes/calibration.py's keys), and what a
+# dynamic (symbolic) token count writes there
+SIZE_FIELDS = ("Lq", "Lk", "M")
+ANY_SIZE = "*"
+_SIZE_RE = re.compile(r"\|(%s)(\d+|\*)(?=\||$)" % "|".join(SIZE_FIELDS))
 _base_dir = None  # a path or a function returning one
 _timer: Optional[Callable] = None
 _progress_factory: Optional[Callable] = None
@@ -244,6 +252,7 @@ def reset() -> None:
         _stores.clear()
         _device_env.clear()
         _CHOICES.clear()
+        _TRACE_CHOICES.clear()
         _logged.clear()
         for k in COUNTERS:
             COUNTERS[k] = 0
@@ -359,7 +368,15 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
     if default not in candidates:
         raise ValueError(f"default {default!r} is not among the candidates {list(candidates)}")
     if _compiling():
-        hit = _CHOICES.get((str(device), key))
+        # A traced key has no token buckets (ANY_SIZE, see token_bucket): it reads the choice
+        # prime() set for it, in eager code, before this model call (the shape classes of this
+        # call, from its stored signature). A graph with dynamic token dims then serves other
+        # sizes with the choice of the call it was traced in: a new size costs no recompile, at
+        # worst the path measured for another bucket runs (every path is numerically valid, only
+        # its speed differs). The Triton Compile Model drops the guards on _TRACE_CHOICES for that
+        # reason; under TorchCompileModel they stay, and a changed choice recompiles.
+        table = _TRACE_CHOICES if ANY_SIZE in key else _CHOICES
+        hit = table.get((str(device), key))
         return hit if hit in candidates else default
     if len(candidates) == 1:
         return default
@@ -417,6 +434,47 @@ def recall(device, key: str) -> Optional[dict]:
         return None
     with _lock:
         return store_for(device).get(key)
+
+
+def token_bucket(n) -> str:
+    """The bucket field of a key for the token count ``n``: its pow2 bucket, or ANY_SIZE while
+    torch.compile traces. There ``n`` may be symbolic (a dim compiled dynamic), and bucketing it
+    would make Dynamo specialise the dim to this exact size (a guard ``s0 == 4608``), so every new
+    resolution or frame count would recompile (see :func:`choose`). Dynamo cannot tell a symbolic
+    size from a static one in traced code (``isinstance(n, int)`` is true for both), hence every
+    traced key is size-free."""
+    if _compiling():
+        return ANY_SIZE
+    return str(pow2_bucket(n))
+
+
+def size_free(key: str) -> str:
+    """``key`` with every token-count bucket replaced by ANY_SIZE: the key a traced call with
+    dynamic token counts asks for."""
+    return _SIZE_RE.sub(lambda m: f"|{m.group(1)}{ANY_SIZE}", key)
+
+
+def _largest_bucket(key: str) -> int:
+    return max((int(v) for _, v in _SIZE_RE.findall(key) if v != ANY_SIZE), default=0)
+
+
+def prime(device, keys) -> None:
+    """Sets, outside any traced code, the choices a graph traced with dynamic token counts reads
+    (``_TRACE_CHOICES``): for each size-free key, the stored choice of ``keys`` (the shape classes
+    of the model call about to run), the largest token bucket winning where several share one
+    size-free key (that call costs the most). Unchanged entries are not written again."""
+    dkey = str(torch.device(device))
+    best: dict = {}
+    for k in keys:
+        choice = _CHOICES.get((dkey, k))
+        if choice is None:
+            continue
+        sf, size = size_free(k), _largest_bucket(k)
+        if sf not in best or size > best[sf][0]:
+            best[sf] = (size, choice)
+    for sf, (_, choice) in best.items():
+        if _TRACE_CHOICES.get((dkey, sf)) != choice:
+            _TRACE_CHOICES[(dkey, sf)] = choice
 
 
 def pow2_bucket(n: int, lo: int = 1, hi: int = 1 << 20) -> int:

@@ -186,8 +186,9 @@ def _auto_choice(func, args, kwargs, b, force_cpu):
     key = calib.attention_key(fname, q, b["k"], b["heads"], bhld, b.get("mask"), cands, _arch(q.device))
     D = q.shape[-1] if bhld else q.shape[-1] // b["heads"]
     Lk = b["k"].shape[-2] if bhld else b["k"].shape[1]
-    choice = calib.pick(q.device, key, cands, default, calib.ATTN_PATH_ENV, calib.ATTN_PATHS,
-                        f"attention head {D}, {Lk} keys, {str(q.dtype).replace('torch.', '')}", prefer="comfy")
+    # (the text only names the shape class in the calibration log; while tracing, Lk may be symbolic)
+    what = "" if torch.compiler.is_compiling() else f"attention head {D}, {Lk} keys, {str(q.dtype).replace('torch.', '')}"
+    choice = calib.pick(q.device, key, cands, default, calib.ATTN_PATH_ENV, calib.ATTN_PATHS, what, prefer="comfy")
     if choice == "comfy":
         return None, f"auto: ComfyUI's attention ({fname}) is faster or the default for head size {D} here"
     return choice, None

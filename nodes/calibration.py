@@ -92,7 +92,7 @@ def fp8_linear_key(m, x, allowed, cc=None) -> str:
     M = x.numel() // max(1, K)
     where = f"sm{cc}" if cc is not None else x.device.type
     return (f"fp8_linear|{where}|N{w.shape[0]}|K{w.shape[1]}|{str(w.dtype).replace('torch.', '')}"
-            f"|{str(x.dtype).replace('torch.', '')}|M{C.pow2_bucket(M)}|scaled{int(getattr(m, 'scale_weight', None) is not None)}"
+            f"|{str(x.dtype).replace('torch.', '')}|M{C.token_bucket(M)}|scaled{int(getattr(m, 'scale_weight', None) is not None)}"
             f"|bias{int(m.bias is not None)}|{','.join(sorted(allowed))}")
 
 
@@ -101,8 +101,8 @@ def fp8_linear_path(m, x, default: str, runs: dict, cc=None) -> str:
     only the paths this call allows; ``cc``: the compute capability the paths are chosen for)."""
     key = fp8_linear_key(m, x, runs, cc)
     return pick(x.device, key, runs, default, FP8_PATH_ENV, FP8_PATHS,
-                f"fp8 linear {m.weight.shape[0]}x{m.weight.shape[1]} at {C.pow2_bucket(x.numel() // max(1, x.shape[-1]))} tokens",
-                prefer="torch")
+                f"fp8 linear {m.weight.shape[0]}x{m.weight.shape[1]} at "
+                f"{C.token_bucket(x.numel() // max(1, x.shape[-1]))} tokens", prefer="torch")
 
 
 # ----------------------------------------------------------------------------- attention
@@ -132,7 +132,7 @@ def attention_key(func_name, q, k, heads, bhld, mask, allowed, cc=None) -> str:
     if q.device.type == "cuda" and _sdpa_cudnn is not None:
         where += "+cudnn-sdpa" if _sdpa_cudnn else "-cudnn-sdpa"
     return (f"attention|{where}|{func_name}|{str(q.dtype).replace('torch.', '')}|D{D}|H{heads}"
-            f"|Lq{C.pow2_bucket(Lq)}|Lk{C.pow2_bucket(Lk)}|mask-{mk}|{'bhld' if bhld else 'bld'}"
+            f"|Lq{C.token_bucket(Lq)}|Lk{C.token_bucket(Lk)}|mask-{mk}|{'bhld' if bhld else 'bld'}"
             f"|{','.join(sorted(allowed))}")
 
 
@@ -168,12 +168,15 @@ def calibrated_first_call(executor, x, t, c_concat=None, c_crossattn=None, contr
     sig = f"run|{model_name}|" + _signature(x, (c_concat, c_crossattn), kwargs)
     rec = C.recall(x.device, sig)
     if isinstance(rec, dict) and all(C.lookup(torch.device(x.device), k) is not None for k in rec.get("keys", [])):
+        # the choices a block traced with dynamic token counts reads (C.prime): this call's
+        C.prime(x.device, rec.get("keys", []))
         return call()
     log.info("TritonKit calibration: the first call of this compiled model (%s) runs eagerly to measure its "
              "paths on this GPU; later calls run compiled", model_name)
     with C.recording() as keys, torch.compiler.set_stance("force_eager"):
         out = call()
     C.remember(x.device, sig, {"keys": sorted(keys)})
+    C.prime(x.device, keys)
     return out
 
 

@@ -25,7 +25,10 @@ class* once and runs every block of that class through the same compiled code (t
   changed dims dynamic (torch's automatic dynamic).
 * Guards: ComfyUI writes per-block bookkeeping into ``transformer_options`` (``block_index``,
   ``block``, ``activations_shape``, ``uuids``...); guards on those entries are dropped (they would
-  compile one graph per block), guards on the rest (the attention override, patches) stay.
+  compile one graph per block), guards on the rest (the attention override, patches) stay. So are
+  the guards on the pack's calibrated path choices (the Attention and fp8 Fallback nodes in auto):
+  a compiled block keeps the paths measured for the size it was traced at (see
+  ``TRACE_CHOICES_SOURCE``).
 * Installed per call by an ``APPLY_MODEL`` wrapper on a clone (the way ComfyUI's own
   ``set_torch_compile_wrapper`` installs its compiled model), removed after the call: bypassing
   the node restores ComfyUI's behaviour. A block whose weights are not all on the compute device
@@ -151,12 +154,22 @@ def find_regions(dm: torch.nn.Module, parts: str = "blocks") -> list[Region]:
 
 
 # ----------------------------------------------------------------------------- compiled functions
+# The calibrated choices a traced block reads (kernels/calibration.py ``_TRACE_CHOICES``, set per
+# model call for that call's shape classes). A guard on them would recompile a block whenever a
+# new resolution or frame count was measured faster with another path; without it the graph keeps
+# the paths of the size it was traced at (each is numerically valid, only the speed differs), which
+# costs less than a recompile of every block class (7-15 s on HunyuanVideo).
+TRACE_CHOICES_SOURCE = "._TRACE_CHOICES"
+
+
 def _guard_filter(entries):
-    """Drops the guards on ComfyUI's per-block/per-call transformer_options entries."""
+    """Drops the guards on ComfyUI's per-block/per-call transformer_options entries and on the
+    calibrated choices read while tracing."""
     keep = []
     for e in entries:
         name = getattr(e, "name", "") or ""
-        keep.append(not ("transformer_options" in name and any(f"'{k}'" in name for k in VOLATILE_OPTIONS)))
+        volatile = "transformer_options" in name and any(f"'{k}'" in name for k in VOLATILE_OPTIONS)
+        keep.append(not (volatile or TRACE_CHOICES_SOURCE in name))
     return keep
 
 

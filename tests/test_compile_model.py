@@ -285,6 +285,123 @@ def test_with_triton_attention_and_fp8_fallback_no_graph_breaks(env, monkeypatch
     assert cosine(out, ref) > 0.9999
 
 
+# ----------------------------------------------------------------------------- new sizes, calibrated nodes
+def tiny_hunyuan_video(dtype=torch.float32, seed=0):
+    """(ModelPatcher, BaseModel) of ComfyUI's HunyuanVideo from tiny_models' tiny config (hidden
+    256, 2 heads, 1 double + 1 single block, 2 token-refiner blocks), detected from its state dict
+    as UNETLoader does; ``dtype`` fp8 stores the weights in fp8 with float32 compute."""
+    import comfy.model_detection as md
+    import comfy.model_patcher
+    import tiny_models as tm
+    sd = tm.make_hunyuan_video_state_dict(dtype=dtype, seed=seed)
+    mc = md.model_config_from_unet(sd, "")
+    mc.set_inference_dtype(dtype, None if dtype == torch.float32 else torch.float32)
+    with torch.inference_mode():
+        base = mc.get_model(mc.process_unet_state_dict(dict(sd)), "")
+        base.load_model_weights(sd, "")
+    cpu = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(base, cpu, cpu), base
+
+
+def sample_video(model, frames, h=8, w=8, steps=2, seed=0):
+    """KSampler (euler, cfg 1, guidance 6) on a zero HunyuanVideo latent of ``frames`` latent frames."""
+    import nodes
+    g = torch.Generator().manual_seed(seed)
+    cond = [[torch.randn(1, 16, 32, generator=g), {"pooled_output": torch.randn(1, 768, generator=g), "guidance": 6.0}]]
+    latent = {"samples": torch.zeros(1, 16, frames, h, w)}
+    with torch.inference_mode():
+        return nodes.common_ksampler(model, seed, steps, 1.0, "euler", "simple", cond, cond, latent)[0]["samples"]
+
+
+class PhasedTimer:
+    """Calibration timer (kernels/calibration.py ``set_timer``): fixed times per path name from
+    ``phases[phase]``, never running the path; ``phase`` moves on between sizes, so another size
+    can measure another path faster."""
+
+    def __init__(self, *phases):
+        self.phases, self.phase, self.asked = phases, 0, 0
+
+    def __call__(self, name, fn):
+        self.asked += 1
+        return self.phases[self.phase][name]
+
+
+FAST_KERNELS = {"comfy": 3.0, "exact": 1.0, "int8": 2.0, "torch": 3.0, "decode": 1.0, "fused": 2.0}
+FAST_COMFY = {"comfy": 1.0, "exact": 3.0, "int8": 2.0, "torch": 1.0, "decode": 3.0, "fused": 2.0}
+
+
+@pytest.fixture
+def calibrated(env, tmp_path, monkeypatch):
+    """(inproc, node, calibration module, set_timer): the pack's kernels through the Triton
+    interpreter, an empty calibration store, a fake timer."""
+    import importlib
+    inproc, node, _ = env
+    monkeypatch.setenv("TRITONKIT_FORCE_TRITON_ON_CPU", "1")
+    monkeypatch.setenv("TRITONKIT_CALIBRATION_DIR", str(tmp_path / "calibration"))
+    for var in ("TRITONKIT_CALIBRATION", "TRITONKIT_ATTN_PATH", "TRITONKIT_FP8_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    C = importlib.import_module(node.__name__.rsplit(".nodes", 1)[0] + ".kernels.calibration")
+    C.reset()
+    yield inproc, node, C
+    C.set_timer(None)
+    C.reset()
+    # the paths measured here fall back to ComfyUI's attention on purpose: leave no such count
+    # to the tests that read the attention node's counters
+    inproc.node_module("TritonKitAttention").reset_stats()
+
+
+def _calibrated_compile(inproc, mp):
+    m = inproc.call_node("TritonKitFp8Fallback", model=mp, mode="auto")[0]
+    m = inproc.call_node("TritonKitAttention", model=m, mode="auto")[0]
+    return m, inproc.call_node(NODE, model=m, mode="default", dynamic="auto", parts="blocks", cache_size_limit=16)[0]
+
+
+def test_hunyuan_video_frame_change_with_calibrated_nodes_no_recompile(calibrated):
+    """fp8 Fallback (auto) and Attention (auto) before the node: another frame count (64 -> 96
+    tokens, another pow2 bucket) reuses the compiled blocks. Before the fix the calibration key
+    bucketed the token count while tracing, which specialised the dynamic token dim (a guard
+    ``s0 == 64``) and recompiled both stream blocks."""
+    inproc, node, C = calibrated
+    timer = PhasedTimer(FAST_KERNELS)
+    C.set_timer(timer)
+    m, c = _calibrated_compile(inproc, tiny_hunyuan_video(torch.float8_e4m3fn)[0])
+    breaks0 = graph_breaks()
+    # each size: the first step runs eagerly and calibrates (nodes/calibration.py), the second compiles
+    sample_video(c, 3)
+    st = node.stats()
+    assert st["graphs_DoubleStreamBlock"] == 1 and st["graphs_SingleStreamBlock"] == 1, st
+    asked = timer.asked
+    assert asked > 0
+    out = sample_video(c, 5)
+    st = node.stats()
+    assert timer.asked > asked  # the new size was calibrated (new token buckets)
+    assert st["graphs"] == 0 and st["compiled_block_calls"] == 8, st  # 2 steps x 4 blocks
+    assert graph_breaks() == breaks0
+    assert cosine(out, sample_video(m, 5)) > 0.9999
+
+
+def test_flux_bucket_crossing_resolution_with_calibrated_nodes_no_recompile(calibrated):
+    """Flux 16x16 -> 24x24 latent (80 -> 160 tokens: pow2 bucket 128 -> 256), with the second size
+    measuring ComfyUI's paths faster: the compiled blocks are reused with the paths of the size
+    they were traced at (the node drops the guards on those choices), and the result matches."""
+    inproc, node, C = calibrated
+    timer = PhasedTimer(FAST_KERNELS, FAST_COMFY)
+    C.set_timer(timer)
+    m, c = _calibrated_compile(inproc, tiny_flux(torch.float8_e4m3fn, seed=2)[0])
+    breaks0 = graph_breaks()
+    sample(c)
+    st = node.stats()
+    assert st["graphs_DoubleStreamBlock"] == 1 and st["graphs_SingleStreamBlock"] == 1, st
+    timer.phase = 1
+    out = sample(c, 24, 24)
+    st = node.stats()
+    assert st["graphs"] == 0 and st["compiled_block_calls"] == 10, st
+    assert graph_breaks() == breaks0
+    assert any(k.startswith("attention|") and "|Lq256|" in k and v["choice"] == "comfy"
+               for k, v in C.stored_choices(torch.device("cpu")).items()), "the new bucket was not calibrated"
+    assert cosine(out, sample(m, 24, 24)) > 0.9999
+
+
 # ----------------------------------------------------------------------------- warm restart
 def child_main(out_path):
     """A second process: builds the same tiny Flux, runs it through the node, writes the stats."""
