@@ -76,7 +76,8 @@ COUNTERS = {"calibrations": 0, "timed_runs": 0, "autotunes": 0, "loads": 0}
 _logged: set = set()
 
 
-def _log_once(key: str, msg: str, *args, level=logging.WARNING):
+def log_once(key: str, msg: str, *args, level=logging.WARNING):
+    """Logs ``msg`` the first time ``key`` is seen (the nodes' calibration messages too; reset() forgets)."""
     if key not in _logged:
         _logged.add(key)
         log.log(level, msg, *args)
@@ -223,7 +224,7 @@ class Store:
             os.replace(tmp, self.path)
             tmp = None
         except OSError as e:
-            _log_once("save:" + self.path, "TritonKit calibration: could not write %s (%s); choices are kept "
+            log_once("save:" + self.path, "TritonKit calibration: could not write %s (%s); choices are kept "
                       "for this process only", self.path, e)
         finally:
             if tmp is not None and os.path.exists(tmp):

@@ -35,14 +35,6 @@ WRAPPER_KEY = "tritonkit_calibration"
 # (comfy_api/torch_helpers/torch_compile.py) and the pack's Triton Compile Model (nodes/compile_model.py)
 COMPILE_KEYS = ("torch.compile", "tritonkit_compile")
 
-_logged: set = set()
-
-
-def _log_once(key, msg, *args, level=logging.WARNING):
-    if key not in _logged:
-        _logged.add(key)
-        log.log(level, msg, *args)
-
 
 def setup() -> None:
     """Points the store at ComfyUI's user folder and shows ComfyUI's progress bar while timing
@@ -65,7 +57,7 @@ def forced(env: str, table: dict) -> Optional[str]:
     if not raw or raw == "auto":
         return None
     if raw not in table:
-        _log_once("bad:" + env + raw, "TritonKit: %s=%s is not one of %s; ignored", env, raw,
+        C.log_once("bad:" + env + raw, "TritonKit: %s=%s is not one of %s; ignored", env, raw,
                   ", ".join(sorted(set(table))))
         return None
     return table[raw]
@@ -79,7 +71,7 @@ def pick(device, key: str, candidates: dict, default: str, env: str, table: dict
     if f is not None:
         if f in candidates:
             return f
-        _log_once("notallowed:" + env + f + key, "TritonKit: %s=%s is not possible for %s; using %s", env, f, what,
+        C.log_once("notallowed:" + env + f + key, "TritonKit: %s=%s is not possible for %s; using %s", env, f, what,
                   default)
     return C.choose(device, key, candidates, default, what=what, prefer=prefer)
 

@@ -46,7 +46,6 @@ def store(tmp_path, monkeypatch):
     C.reset()
     N.reset_stats()
     N._logged.clear()
-    NC._logged.clear()
     yield tmp_path / "calib"
     C.set_timer(None)
     C.reset()
