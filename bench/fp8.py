@@ -94,7 +94,8 @@ def bench_linear(fp8, fl, shapes, ms_list, rep):
             t_bf16 = do_bench(lambda: F.linear(x, wbf, b), rep=rep)
             t_cast = do_bench(lambda: F.linear(x, w8.to(torch.bfloat16), b), rep=rep)
             t_dec = do_bench(lambda: F.linear(x, fp8.decode(w8, torch.bfloat16), b), rep=rep)
-            best = fl.w8a16_linear_autotuned.best_config
+            best = next((v for k, v in fl.tuning.cache().items()
+                         if k.startswith("fp8_linear_config|") and f"|M{fl.m_bucket(M)}|N{N}|K{K}|" in k), None)
             rows.append(dict(N=N, K=K, M=M, ms=t_ours, bf16_ms=t_bf16, cast_mm_ms=t_cast, decode_mm_ms=t_dec,
                              tflops=2 * M * N * K / t_ours / 1e9, bf16_tflops=2 * M * N * K / t_bf16 / 1e9,
                              weight_gbs=N * K / t_ours / 1e6, rel_err=err,

@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import calibration
+from . import calibration, tuning
 from .runtime import kernel_for
 
 LOG2E = 1.4426950408889634
@@ -507,17 +507,13 @@ def int8_supported(cc: int | None) -> bool:
 
 # ----------------------------------------------------------------------------- launcher
 
-_TUNE_CACHE: dict = {}
-_TUNE_LOCK = threading.Lock()
-
-
 def autotune_enabled() -> bool:
-    return os.environ.get("TRITONKIT_ATTN_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return tuning.enabled()
 
 
 def tune_cache() -> dict:
-    """(key) -> chosen (BLOCK_M, BLOCK_N, num_warps, num_stages); one timing per key per process."""
-    return _TUNE_CACHE
+    """store key -> chosen (BLOCK_M, BLOCK_N, num_warps, num_stages) of this process."""
+    return {k: v for k, v in tuning.cache().items() if k.startswith("attn_config|")}
 
 
 def _pow2_bucket(n: int) -> int:
@@ -808,7 +804,7 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
 
     tma_view = _tma_view(k4, v4, B, Hk, Lk, D, bhld) if (use_tma and not int8 and align8 and not int64) else None
 
-    def run(c, o_out):
+    def run(c, o_out, warmup=False):
         bm, bn, nw, ns = c
         kd = vd = o_out  # unused pointers unless TMA
         tma = (0, 0, 0)
@@ -828,7 +824,8 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
             qs_ = ks_ = o_out  # unused pointers
             qss = kss = (0, 0)
         grid = (triton.cdiv(Lq, bm) * B * H,)
-        kern[grid](
+        launch = kern[grid] if not warmup else (lambda *a, **kw: kern.run(*a, grid=grid, warmup=True, **kw))
+        launch(
             qa, ka, va, o_out, m4 if m4 is not None else o_out, qs_, ks_,
             vs_ if vs_ is not None else o_out, kd, vd,
             sm_scale, Lq, Lk, H, H // Hk, tma[0], tma[1], tma[2],
@@ -850,41 +847,16 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
 
 
 def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None, o=None):
+    """The block config for this call's tuning key: timed once per GPU on its first call (the
+    candidates compiled in parallel), then stored (kernels/tuning.py)."""
     if cc is None:
         return CPU_CONFIG
     cands = candidates(cc, block_d, torch.tensor([], dtype=dtype).element_size(), int8)
-    if len(cands) == 1 or not autotune_enabled() or run is None:
+    if run is None:
         return cands[0]
     key = (cc, str(dtype), block_d, int8, kind, bool(causal), _pow2_bucket(Lq), _pow2_bucket(Lk))
-    hit = _TUNE_CACHE.get(key)
-    if hit is not None:
-        return hit
-    with _TUNE_LOCK:
-        hit = _TUNE_CACHE.get(key)
-        if hit is not None:
-            return hit
-        # the pick of an earlier run on this GPU / driver / torch / Triton / pack version (the
-        # calibration store): the same config run to run, and no timing after a restart
-        skey = "attn_config|" + "|".join(str(x) for x in key)
-        stored = calibration.recall(dev, skey)
-        cfg = tuple(stored.get("config", ())) if isinstance(stored, dict) else ()
-        if cfg in [tuple(c) for c in cands]:
-            _TUNE_CACHE[key] = cfg
-            return cfg
-        best, best_t = None, float("inf")
-        for c in cands:
-            try:
-                t = triton.testing.do_bench(lambda: run(c, o), warmup=5, rep=20)
-            except Exception:  # e.g. out of resources for this config on this GPU
-                continue
-            if t < best_t:
-                best, best_t = c, t
-        best = best or cands[0]
-        _TUNE_CACHE[key] = best
-        calibration.COUNTERS["autotunes"] += 1
-        if best_t < float("inf"):
-            calibration.remember(dev, skey, {"config": list(best), "ms": round(best_t, 5)})
-        return best
+    skey = "attn_config|" + "|".join(str(x) for x in key)
+    return tuning.pick(dev, skey, cands, run=lambda c: run(c, o), warm=lambda c: run(c, o, warmup=True))
 
 
 # ----------------------------------------------------------------------------- custom op

@@ -70,9 +70,10 @@ _base_dir = None  # a path or a function returning one
 _timer: Optional[Callable] = None
 _progress_factory: Optional[Callable] = None
 _recording: Optional[set] = None
-# calibrations: shape classes timed; timed_runs: candidate timings; autotunes: attention block-config
-# timings (kernels/attention.py); loads: store files read
-COUNTERS = {"calibrations": 0, "timed_runs": 0, "autotunes": 0, "loads": 0}
+# calibrations: shape classes timed; timed_runs: candidate timings; autotunes: block-config timings
+# (kernels/tuning.py); loads: store files read; calibration_s / autotune_s: seconds they took (the
+# calibrations' include the autotunes run inside them)
+COUNTERS = {"calibrations": 0, "timed_runs": 0, "autotunes": 0, "loads": 0, "calibration_s": 0.0, "autotune_s": 0.0}
 _logged: set = set()
 
 
@@ -256,7 +257,7 @@ def reset() -> None:
         _TRACE_CHOICES.clear()
         _logged.clear()
         for k in COUNTERS:
-            COUNTERS[k] = 0
+            COUNTERS[k] = 0.0 if k.endswith("_s") else 0
 
 
 def snapshot() -> dict:
@@ -413,6 +414,7 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         if errors:
             entry["errors"] = errors
         COUNTERS["calibrations"] += 1
+        COUNTERS["calibration_s"] += time.perf_counter() - t0
         _CHOICES[(dkey, key)] = choice
         st.put(key, entry)
         log.info("TritonKit calibration on %s: %s -> %s (%s; %.1f s, stored in %s)", st.env.get("gpu"), what or key,

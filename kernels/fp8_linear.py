@@ -18,8 +18,8 @@ Decode in the loop, per activation dtype (all bit operations, no fp8 type, sm75.
 * bf16: the fp32 bits of the value (see kernels/fp8.py), top half. sm75 has no bf16 MMA: there
   the op falls back to decode + torch matmul for bf16 activations.
 
-Autotuned per architecture on (M bucket, N, K, formats): configs that do not fit an
-architecture's shared memory are skipped by the autotuner. Exposed as the custom op
+Tuned on the user's GPU per (M bucket, N, K, formats) among the M bucket's configs, once per GPU
+(kernels/tuning.py): configs that do not fit its shared memory are not picked. Exposed as the custom op
 ``torch.ops.tritonkit.fp8_linear`` with a fake implementation (compile-safe, opaque to Inductor).
 """
 from __future__ import annotations
@@ -29,7 +29,9 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+import triton.runtime.errors
 
+from . import tuning
 from .fp8 import LAUNCHES, _FMT, _op_exists, OP_NAMESPACE, decode, fp8_bits_to_f32_bits, launchable, wrapping_int_math
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -54,13 +56,13 @@ def decode_weight_tile(wb, FMT: tl.constexpr, ACT: tl.constexpr):
 
 
 @triton.jit
-def w8a16_linear_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_om, M_BUCKET,
+def w8a16_linear_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_om,
                         FMT: tl.constexpr, ACT: tl.constexpr, BIAS: tl.constexpr, SCALE: tl.constexpr,
                         EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
     """x: [M, K] (row stride stride_xm); w: [N, K] uint8, contiguous; out: [M, N] (row stride
     stride_om). BIAS 0 none, 1 float, 2 e4m3fn bytes, 3 e5m2 bytes. SCALE 0 none, 1 one fp32,
-    2 one fp32 per output channel. M_BUCKET only keys the autotuner."""
+    2 one fp32 per output channel."""
     pid = tl.program_id(0)
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
@@ -110,9 +112,9 @@ def w8a16_linear_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, out_ptr, M, N, K, str
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rn[:, None] < N) & (rm[None, :] < M))
 
 
-def _cfg(bn, bm, bk, warps, stages, group=8):
-    return triton.Config({"BLOCK_N": bn, "BLOCK_M": bm, "BLOCK_K": bk, "GROUP": group},
-                         num_warps=warps, num_stages=stages)
+def _cfg(bn, bm, bk, warps, stages, group=8) -> tuple:
+    """A candidate config: (BLOCK_N, BLOCK_M, BLOCK_K, GROUP, num_warps, num_stages)."""
+    return (bn, bm, bk, group, warps, stages)
 
 
 # (M bucket upper bound, configs). The small-M rows are bandwidth-bound GEMVs: narrow BLOCK_M,
@@ -127,7 +129,6 @@ CONFIGS_BY_BUCKET = (
     (None, [_cfg(128, 128, 64, 4, 4), _cfg(128, 128, 64, 8, 3), _cfg(128, 256, 64, 8, 3), _cfg(256, 128, 64, 8, 3),
             _cfg(128, 128, 128, 8, 3), _cfg(128, 256, 64, 8, 4), _cfg(64, 128, 64, 4, 4)]),
 )
-ALL_CONFIGS = [c for _, cs in CONFIGS_BY_BUCKET for c in cs]
 
 
 def m_bucket(M: int) -> int:
@@ -141,16 +142,34 @@ def _configs_for_bucket(bucket: int):
     raise AssertionError("unreachable")
 
 
-def _prune(configs, named_args, **kwargs):
-    wanted = _configs_for_bucket(named_args["M_BUCKET"])
-    keys = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in wanted}
-    return [c for c in configs
-            if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) in keys]
+def _launch_cuda(args, consts, M, N, K, device):
+    """Launches with the config picked for (M bucket, N, K, formats) on this GPU: timed once per
+    GPU, candidates compiled in parallel, then stored (kernels/tuning.py); a config that does not
+    fit this GPU's shared memory is not picked."""
+    even_k = K % 512 == 0
 
+    def launch(c, warmup=False):
+        bn, bm, bk, group, warps, stages = c
+        grid = (triton.cdiv(N, bn) * triton.cdiv(M, bm),)
+        kw = dict(consts, EVEN_K=even_k, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, GROUP=group, num_warps=warps,
+                  num_stages=stages)
+        if warmup:
+            return w8a16_linear_kernel.run(*args, grid=grid, warmup=True, **kw)
+        return w8a16_linear_kernel[grid](*args, **kw)
 
-w8a16_linear_autotuned = triton.autotune(
-    configs=ALL_CONFIGS, key=["M_BUCKET", "N", "K", "FMT", "ACT", "BIAS", "SCALE"],
-    prune_configs_by={"early_config_prune": _prune})(w8a16_linear_kernel)
+    cc = torch.cuda.get_device_capability(device)
+    bucket = m_bucket(M)
+    key = "fp8_linear_config|sm{}{}|M{}|N{}|K{}|{}".format(
+        cc[0], cc[1], bucket, N, K, "|".join(f"{k}{v}" for k, v in sorted(consts.items())))
+    cands = _configs_for_bucket(bucket)
+    cfg = tuning.pick(device, key, cands, run=launch, warm=lambda c: launch(c, warmup=True))
+    order = [cfg] + [c for c in cands if c != cfg]  # untimed (TRITONKIT_AUTOTUNE=0): the first that fits
+    for i, c in enumerate(order):
+        try:
+            return launch(c)
+        except triton.runtime.errors.OutOfResources:
+            if i == len(order) - 1:
+                raise
 
 
 def _cpu_blocks(M, N, K):
@@ -216,11 +235,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
             bmode = 1
     dummy = w
     args = (x2, w, b if b is not None else dummy, s if s is not None else dummy, out, M, N, K,
-            x2.stride(0), out.stride(0), m_bucket(M))
+            x2.stride(0), out.stride(0))
     consts = dict(FMT=_FMT[weight.dtype], ACT=_ACT[x2.dtype], BIAS=bmode, SCALE=smode)
     if x.is_cuda:
-        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]) * triton.cdiv(M, meta["BLOCK_M"]),)
-        w8a16_linear_autotuned[grid](*args, **consts, EVEN_K=K % 512 == 0)
+        _launch_cuda(args, consts, M, N, K, x.device)
     else:
         blocks = _cpu_blocks(M, N, K)
         grid = (triton.cdiv(N, blocks["BLOCK_N"]) * triton.cdiv(M, blocks["BLOCK_M"]),)
@@ -263,7 +281,7 @@ def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
 # ----------------------------------------------------------------------------- cross-compile specs
 def _lspec(act_ty, fmt, act, bias_ty, bias, scale, bn, bm, bk):
     sig = {"x_ptr": act_ty, "w_ptr": "*u8", "bias_ptr": bias_ty, "scale_ptr": "*fp32", "out_ptr": act_ty,
-           "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32", "M_BUCKET": "i32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32",
            "FMT": "constexpr", "ACT": "constexpr", "BIAS": "constexpr", "SCALE": "constexpr", "EVEN_K": "constexpr",
            "BLOCK_N": "constexpr", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr", "GROUP": "constexpr"}
     consts = {"FMT": fmt, "ACT": act, "BIAS": bias, "SCALE": scale, "EVEN_K": True,

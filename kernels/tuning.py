@@ -1,0 +1,112 @@
+"""Block-config choice for the pack's Triton kernels on the user's GPU.
+
+A kernel with several candidate configs (block sizes, warps, stages) has one picked per key
+(shape class, dtypes, variant) by timing each candidate once on this GPU; the pick is:
+
+* kept in memory for the process, and stored in the calibration store (kernels/calibration.py:
+  keyed by GPU, driver, torch, Triton and pack version), so it is the same run to run and a
+  restart, or a new ComfyUI process, does no timing. Triton's own ``@triton.autotune`` times
+  again in every process (that cost 5-7 s of a warm restart's first step on Flux).
+* compiled in parallel first: the candidates are compiled in a thread pool (Triton's LLVM passes
+  and ptxas run outside the GIL) before they are timed one by one, which is where a first
+  calibration spends most of its time (41 Triton compiles, ~25 s of a 65 s first Flux step on an
+  H100 when compiled one after the other).
+
+``TRITONKIT_AUTOTUNE=0`` (or the older ``TRITONKIT_ATTN_AUTOTUNE=0``) takes each key's first
+candidate without timing.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from . import calibration
+
+ENV = "TRITONKIT_AUTOTUNE"
+ENV_OLD = "TRITONKIT_ATTN_AUTOTUNE"
+MAX_COMPILE_THREADS = 8
+WARMUP, REP = 5, 20          # triton.testing.do_bench ms budgets per candidate
+
+_CACHE: dict = {}            # store key -> chosen candidate (a tuple)
+_LOCK = threading.Lock()
+
+
+def enabled() -> bool:
+    for name in (ENV, ENV_OLD):
+        if os.environ.get(name, "1").strip().lower() in ("0", "false", "no", "off"):
+            return False
+    return True
+
+
+def cache() -> dict:
+    """The picks of this process: store key -> candidate."""
+    return _CACHE
+
+
+def compile_parallel(device: torch.device, warm: Callable, cands: Sequence) -> None:
+    """Compiles ``warm(c)`` for every candidate in a thread pool, on ``device`` and the caller's
+    stream. A candidate that fails to compile (out of shared memory on this GPU...) is left to the
+    timed run, which skips it."""
+    if len(cands) < 2:
+        return
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+    def one(c):
+        try:
+            if stream is None:
+                warm(c)
+                return
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                warm(c)
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
+
+    workers = max(1, min(len(cands), os.cpu_count() or 1, MAX_COMPILE_THREADS))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tritonkit-compile") as ex:
+        list(ex.map(one, cands))
+
+
+def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
+         warm: Optional[Callable] = None) -> tuple:
+    """The config for ``key`` among ``cands`` (tuples): this process's pick, else the stored one,
+    else the fastest of ``run(c)`` timed here (after compiling all with ``warm(c)`` in parallel),
+    stored. The first candidate when there is one, when timing is off, or when none runs."""
+    cands = [tuple(c) for c in cands]
+    if len(cands) == 1 or not enabled():
+        return cands[0]
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            return hit
+        stored = calibration.recall(device, key)
+        cfg = tuple(stored.get("config", ())) if isinstance(stored, dict) else ()
+        if cfg in cands:
+            _CACHE[key] = cfg
+            return cfg
+        import triton.testing
+        t0 = time.perf_counter()
+        if warm is not None:
+            compile_parallel(device, warm, cands)
+        best, best_t = None, float("inf")
+        for c in cands:
+            try:
+                t = triton.testing.do_bench(lambda: run(c), warmup=WARMUP, rep=REP)
+            except Exception:  # noqa: BLE001 - e.g. out of resources for this config on this GPU
+                continue
+            if t < best_t:
+                best, best_t = c, t
+        best = best or cands[0]
+        _CACHE[key] = best
+        calibration.COUNTERS["autotunes"] += 1
+        calibration.COUNTERS["autotune_s"] += time.perf_counter() - t0
+        if best_t < float("inf"):
+            calibration.remember(device, key, {"config": list(best), "ms": round(best_t, 5)})
+        return best

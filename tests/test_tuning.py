@@ -1,0 +1,115 @@
+"""Block-config choice (kernels/tuning.py) on the CPU with a fake do_bench: the fastest candidate
+is picked and stored, a new process (the in-memory picks cleared) reads it back without timing,
+a stored config that is no candidate any more is timed afresh, every candidate is compiled before
+the timing, in parallel, a candidate that fails is not picked, and timing can be switched off."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import triton.testing
+
+from tritonkit.kernels import calibration as C
+from tritonkit.kernels import tuning as T
+
+CPU = torch.device("cpu")
+CANDS = [(128, 64, 4, 3), (64, 64, 4, 2), (128, 128, 8, 2)]
+
+
+@pytest.fixture(autouse=True)
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv(C.ENV_DIR, str(tmp_path / "calib"))
+    for var in (T.ENV, T.ENV_OLD):
+        monkeypatch.delenv(var, raising=False)
+    C.reset()
+    T.cache().clear()
+    yield
+    C.reset()
+    T.cache().clear()
+
+
+class Bench:
+    """Stands in for triton.testing.do_bench: runs fn once (it records the candidate) and returns
+    that candidate's time."""
+
+    def __init__(self, times):
+        self.times, self.timed = times, []
+
+    def __call__(self, fn, warmup=None, rep=None):
+        fn()
+        c = self.current
+        self.timed.append(c)
+        if isinstance(self.times[c], Exception):
+            raise self.times[c]
+        return self.times[c]
+
+
+def runner(bench):
+    def run(c):
+        bench.current = c
+    return run
+
+
+def test_fastest_is_picked_stored_and_read_back_without_timing(monkeypatch):
+    times = {CANDS[0]: 2.0, CANDS[1]: 0.5, CANDS[2]: 1.0}
+    bench = Bench(times)
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    a0 = C.COUNTERS["autotunes"]
+    assert T.pick(CPU, "k|a", CANDS, run=runner(bench)) == CANDS[1]
+    assert sorted(bench.timed) == sorted(CANDS) and C.COUNTERS["autotunes"] == a0 + 1
+    assert C.recall(CPU, "k|a") == {"config": list(CANDS[1]), "ms": 0.5}
+    assert T.pick(CPU, "k|a", CANDS, run=runner(bench)) == CANDS[1] and len(bench.timed) == 3
+
+    # a new process: nothing in memory, the store on disk
+    T.cache().clear()
+    C.reset()
+    assert T.pick(CPU, "k|a", CANDS, run=runner(bench)) == CANDS[1]
+    assert len(bench.timed) == 3 and C.COUNTERS["autotunes"] == 0
+
+
+def test_a_stored_config_that_is_no_candidate_is_timed_again(monkeypatch):
+    bench = Bench({CANDS[0]: 1.0, CANDS[1]: 3.0})
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    C.remember(CPU, "k|b", {"config": [1, 2, 3, 4], "ms": 0.1})
+    assert T.pick(CPU, "k|b", CANDS[:2], run=runner(bench)) == CANDS[0]
+    assert len(bench.timed) == 2 and C.recall(CPU, "k|b")["config"] == list(CANDS[0])
+
+
+def test_a_failing_candidate_is_never_picked_and_all_failing_gives_the_first(monkeypatch):
+    bench = Bench({CANDS[0]: RuntimeError("out of resources"), CANDS[1]: 2.0, CANDS[2]: 1.5})
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    assert T.pick(CPU, "k|c", CANDS, run=runner(bench)) == CANDS[2]
+    err = RuntimeError("no")
+    bench2 = Bench({c: err for c in CANDS})
+    monkeypatch.setattr(triton.testing, "do_bench", bench2)
+    assert T.pick(CPU, "k|d", CANDS, run=runner(bench2)) == CANDS[0]
+    assert C.recall(CPU, "k|d") is None  # nothing measured, nothing stored
+
+
+def test_candidates_compile_in_parallel_before_timing(monkeypatch):
+    bench = Bench({CANDS[0]: 1.0, CANDS[1]: 2.0, CANDS[2]: 3.0})
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    monkeypatch.setattr(T.os, "cpu_count", lambda: 8)  # CI has 2 cores: a worker per candidate
+    warmed, threads, barrier = [], set(), threading.Barrier(len(CANDS), timeout=10)
+
+    def warm(c):
+        assert not bench.timed, "compiled after the timing started"
+        threads.add(threading.get_ident())
+        barrier.wait()  # all candidates compile at once, or this times out
+        warmed.append(c)
+        if c == CANDS[2]:
+            raise RuntimeError("does not compile here")  # left to the timed run
+
+    assert T.pick(CPU, "k|e", CANDS, run=runner(bench), warm=warm) == CANDS[0]
+    assert sorted(warmed) == sorted(CANDS) and len(threads) == len(CANDS)
+    assert threading.get_ident() not in threads
+
+
+@pytest.mark.parametrize("var", [T.ENV, T.ENV_OLD])
+def test_timing_off_takes_the_first_candidate(monkeypatch, var):
+    monkeypatch.setenv(var, "0")
+    bench = Bench({c: 1.0 for c in CANDS})
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    assert T.pick(CPU, "k|f", CANDS[::-1], run=runner(bench)) == CANDS[2]
+    assert bench.timed == [] and C.recall(CPU, "k|f") is None
