@@ -88,6 +88,7 @@ import dataclasses
 import gc
 import glob
 import json
+import logging
 import math
 import os
 import platform
@@ -433,10 +434,9 @@ def _calibration_delta(before: dict, after: dict) -> dict:
         return {}
     c0, c1 = before.get("counters", {}), after["counters"]
     new = {k: v for k, v in after["entries"].items() if before.get("entries", {}).get(k) != v}
-    return {"calibrations": c1.get("calibrations", 0) - c0.get("calibrations", 0),
-            "timed_runs": c1.get("timed_runs", 0) - c0.get("timed_runs", 0),
-            "autotunes": c1.get("autotunes", 0) - c0.get("autotunes", 0),
-            "timing": after["timing"], "dir": after["dir"],
+    out = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("calibrations", "timed_runs", "autotunes")}
+    out.update({k: round(c1[k] - c0.get(k, 0.0), 3) for k in ("calibration_s", "autotune_s") if k in c1})
+    return {**out, "timing": after["timing"], "dir": after["dir"],
             "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {})} for k, v in new.items()}}
 
 
@@ -647,22 +647,59 @@ class StepTimer:
     """An APPLY_MODEL wrapper: GPU-synchronised start/end of every diffusion-model call and the
     dynamo frame count at each start."""
 
-    def __init__(self, device):
+    def __init__(self, device, profile: int = 0):
         self.device = device
         self.starts, self.ends, self.frames = [], [], []
+        self.profile = profile      # profile this many first calls (cProfile; PROFILE_ENV)
+        self.profiles: list = []
 
     def __call__(self, executor, *args, **kwargs):
         _sync(self.device)
         self.frames.append(_dynamo_counters()["frames"])
         self.starts.append(time.perf_counter())
-        out = executor(*args, **kwargs)
-        _sync(self.device)
+        prof = None
+        if len(self.starts) <= self.profile:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
+        try:
+            out = executor(*args, **kwargs)
+            _sync(self.device)
+        finally:
+            if prof is not None:
+                prof.disable()
+                self.profiles.append(_profile_top(prof))
         self.ends.append(time.perf_counter())
         return out
 
     def step_times(self) -> list[float]:
         s = self.starts
         return [s[i + 1] - s[i] for i in range(len(s) - 1)] + ([self.ends[-1] - s[-1]] if s else [])
+
+
+# TK_BENCH_PROFILE=N: cProfile the first N diffusion-model calls of every run, in the JSON as
+# ``first_calls_profile`` (where a first step's seconds go: calibration, Triton compiles, Dynamo,
+# cache loads; Dynamo-compiled frames are only partly seen). TK_BENCH_PROFILE_RESTART=N: the same
+# for the --restart process only (the cold run stays unprofiled).
+PROFILE_ENV = "TK_BENCH_PROFILE"
+PROFILE_RESTART_ENV = "TK_BENCH_PROFILE_RESTART"  # the same, for the --restart process only
+
+
+def _profile_top(prof, n: int = 30) -> dict:
+    """The ``n`` functions with the most cumulative and the most own time, ``file:line(name)``."""
+    import pstats
+    st = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+
+    def name(k):
+        f, line, fn = k
+        parts = f.replace("\\", "/").split("/")
+        return f"{'/'.join(parts[-2:])}:{line}({fn})" if f != "~" else fn
+
+    rows = [(name(k), v[1], v[2], v[3]) for k, v in st.items()]
+    total = max((r[3] for r in rows), default=0.0)
+    return {"total_s": round(total, 3),
+            "cumulative": [[r[0], r[1], round(r[3], 3)] for r in sorted(rows, key=lambda r: -r[3])[:n]],
+            "own": [[r[0], r[1], round(r[2], 3)] for r in sorted(rows, key=lambda r: -r[2])[:n]]}
 
 
 REGIONAL_OPTS = dict(mode="default", dynamic="auto", parts="blocks", cache_size_limit=16)
@@ -724,7 +761,7 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
         patched_layers = sum(1 for k in getattr(m, "object_patches", {}) if k.endswith(".forward_comfy_cast_weights"))
         base_fp8_layers = _fp8_op_layers(base)
         m = m.clone()
-        timer = StepTimer(device)
+        timer = StepTimer(device, int(os.environ.get(PROFILE_ENV, "0") or 0))
         m.add_wrapper_with_key(pe.WrappersMP.APPLY_MODEL, "tritonkit_bench_timer", timer)
         c_fp8, c_attn = _counter_snapshot(fp8_mod), _counter_snapshot(attn_mod)
         calib_before = _calibration_state(attn_mod)
@@ -748,6 +785,8 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     steps_t = timer.step_times()
     rec["step_times_s"] = [round(x, 5) for x in steps_t]
     rec["first_step_s"] = steps_t[0] if steps_t else None
+    if timer.profiles:
+        rec["first_calls_profile"] = timer.profiles
     # timed steps: from step 2, or for a compiled run from the step after the last one in which
     # dynamo compiled (the pack's calibration runs a compiled model's first call eagerly when a
     # shape class is not measured yet, so Inductor then compiles in step 2)
@@ -1198,7 +1237,10 @@ def warm_restart(rec: dict, preset: str, models_dir, out_dir, index: int, seed: 
     if overrides:
         cmd += ["--overrides-json", json.dumps(overrides)]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    env = dict(os.environ)
+    if os.environ.get(PROFILE_RESTART_ENV):
+        env[PROFILE_ENV] = os.environ[PROFILE_RESTART_ENV]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     out = {"wall_s": time.perf_counter() - t0, "returncode": p.returncode}
     try:
         sub = json.loads((sub_out / "workflow.json").read_text())["runs"][0]
@@ -1209,7 +1251,7 @@ def warm_restart(rec: dict, preset: str, models_dir, out_dir, index: int, seed: 
         out["error"] = sub["error"]
         return out
     for k in ("compile_s", "calibration_step_s", "first_step_s", "s_per_step", "step_times_s", "compile_node",
-              "compile_node_summary", "dynamo", "calibration", "compile_phases_s"):
+              "compile_node_summary", "dynamo", "calibration", "compile_phases_s", "first_calls_profile"):
         if k in sub:
             out[k] = sub[k]
     # what the pack logged in that process (what a warm first step spent its time on)
@@ -1258,6 +1300,9 @@ def main(argv=None):
                     + json.dumps(REGIONAL_OPTS))
     ap.add_argument("--overrides-json", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    # the pack's INFO lines (calibration, compile summaries): a --restart process's are kept in the JSON
+    logging.basicConfig()
+    logging.getLogger("TritonKit").setLevel(logging.INFO)
     cache_root = _set_compile_cache(a.compile_cache)
     ov = json.loads(a.overrides_json) if a.overrides_json else {}
     if a.calibration_dir:
