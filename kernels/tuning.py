@@ -76,12 +76,12 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
     """The config for ``key`` among ``cands`` (tuples): this process's pick, else the stored one,
     else the fastest of ``run(c)`` timed here (after compiling all with ``warm(c)`` in parallel),
     stored. The first candidate when there is one, when timing is off, or when none runs."""
+    hit = _CACHE.get(key)  # the per-call path: one dict lookup
+    if hit is not None:
+        return hit
     cands = [tuple(c) for c in cands]
     if len(cands) == 1 or not enabled():
         return cands[0]
-    hit = _CACHE.get(key)
-    if hit is not None:
-        return hit
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
