@@ -36,7 +36,7 @@ class Bench:
     def __init__(self, times):
         self.times, self.timed = times, []
 
-    def __call__(self, fn, warmup=None, rep=None):
+    def __call__(self, fn, warmup=None, rep=None, return_mode="mean"):
         fn()
         c = self.current
         self.timed.append(c)
