@@ -602,14 +602,29 @@ def versions(device: str) -> dict:
 
 
 # --------------------------------------------------------------------------- models and inputs
+def model_name(key: str, spec: dict) -> str:
+    arch, scaled, _ = MODELS[key]
+    size = "tiny" if spec["config"]["depth"] <= 2 else "full"
+    kind = {True: "scaledfp8", "scale_input": "scaledinfp8"}.get(scaled, "fp8e4m3fn")
+    return f"tk_bench_{arch}_{size}_{kind}.safetensors"
+
+
+def load_estimate_s(device: str, spec: dict, written: bool) -> float:
+    """What loading a model (writing it first unless ``written``) and its first two runs may cost,
+    for --budget-s: a full-size model on the GPU takes ~15 s to write and seconds to load (an
+    interleaved plan loads a scaled-fp8 model again whenever the arch changes: @86 and native load
+    differently)."""
+    if device != "cuda" or spec["config"]["depth"] <= 2:
+        return 5.0
+    return 20.0 if written else 120.0
+
+
 def model_file(models_dir: Path, key: str, spec: dict, gen_device: str) -> tuple[str, dict, float]:
     """Writes (once) the random fp8 model for ``key`` and returns (file name, description,
     seconds spent writing)."""
-    arch, scaled, _ = MODELS[key]
+    _, scaled, _ = MODELS[key]
     cfg = spec["config"]
-    size = "tiny" if cfg["depth"] <= 2 else "full"
-    kind = {True: "scaledfp8", "scale_input": "scaledinfp8"}.get(scaled, "fp8e4m3fn")
-    name = f"tk_bench_{arch}_{size}_{kind}.safetensors"
+    name = model_name(key, spec)
     path = models_dir / name
     t0 = time.perf_counter()
     if not path.exists():
@@ -1138,7 +1153,7 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
         load_key = (run.model, _fp8_compute_key(run.arch) if _converts_scaled_fp8() and MODELS[run.model][1]
                     else "native")
         if load_key not in loaded:
-            est = 120.0 if device == "cuda" and spec["config"]["depth"] > 2 else 5.0  # write + load + 2 runs
+            est = load_estimate_s(device, spec, (Path(models_dir) / model_name(run.model, spec)).exists())
             if left() is not None and left() < est:
                 results.append({"run": run.label, "model": run.model, "config": run.config, "compiled": run.compiled,
                                 "arch": run.arch, "skipped": f"time budget ({left():.0f} s left, model not built)"})

@@ -354,3 +354,17 @@ def test_interleaved_rounds_report_median_spread_and_per_round_ratios():
     assert both["never_slower"] is False and "never_slower" not in summ["flux:default"]
     assert "| flux:both | 3 | 1.0000 (0.9000–1.2500) |" in md and "**no**" in md
     assert "calibrated 2 shape classes (comfy 1, exact 1)" in md
+
+
+def test_budget_estimate_for_loading_a_model():
+    """--budget-s: a full-size GPU model already written costs seconds to load again (an interleaved
+    plan reloads a scaled-fp8 model for every change between @86 and native), not the 120 s of
+    writing it; before, every such reload was skipped with 100+ s left."""
+    import workflow as wf
+    full = wf.PRESETS["gpu-scaled"]["flux"]
+    tiny = wf.PRESETS["tiny"]["flux"]
+    assert wf.load_estimate_s("cuda", full, written=False) >= 60
+    assert wf.load_estimate_s("cuda", full, written=True) <= 30
+    assert wf.load_estimate_s("cpu", tiny, written=False) < 30
+    assert wf.model_name("flux-scaled", full) != wf.model_name("flux-scaled", tiny)
+    assert wf.model_name("flux-scaled", full) != wf.model_name("flux", full)
