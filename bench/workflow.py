@@ -14,9 +14,10 @@ from ``EmptyLatentImage``. One forward per step (cfg 1, as Flux-dev/HunyuanVideo
 
 Per run it measures:
 
-* s/step: mean over steps 2..N (the first step is excluded for every run and reported on its
-  own as ``first step``; for compiled runs ``compile`` = first step − s/step, the time a user
-  waits for Inductor). A compiled run whose first call ran eagerly to calibrate compiles in
+* s/step: median over steps 2..N, robust to a single slow step (the mean is in the JSON as
+  ``s_per_step_mean``). The first step is excluded for every run and reported on its own as
+  ``first step``; for compiled runs ``compile`` = first step − s/step, the time a user waits for
+  Inductor. A compiled run whose first call ran eagerly to calibrate compiles in
   step 2: its s/step starts after the last step that compiled (``timed_from_step``). Steps are timed with an ``APPLY_MODEL`` wrapper that synchronises the
   GPU around each diffusion-model call.
 * peak GPU memory (``torch.cuda.max_memory_allocated`` over the whole KSampler call, weights
@@ -813,7 +814,10 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
             first_timed = max(1, compiling[-1] + 1)
     rest = steps_t[first_timed:]
     rec["timed_from_step"] = first_timed + 1
-    rec["s_per_step"] = sum(rest) / len(rest) if rest else (steps_t[0] if steps_t else None)
+    # the median of the timed steps: one slow step (an allocator or lazy-load hiccup, seen at 0.75 s
+    # among 0.25 s steps on an H100) moves a mean by a third and the median not at all
+    rec["s_per_step"] = statistics.median(rest) if rest else (steps_t[0] if steps_t else None)
+    rec["s_per_step_mean"] = sum(rest) / len(rest) if rest else rec["s_per_step"]
     rec["forward_calls"] = len(timer.starts)
     if (run.compiled or run.regional) and rec["first_step_s"] is not None and rest:
         rec["compile_s"] = steps_t[first_timed - 1] - rec["s_per_step"]
