@@ -8,6 +8,7 @@ import platform as _platform
 import statistics
 import sys
 import sysconfig
+import threading
 import time
 
 from . import environment as envmod
@@ -15,6 +16,14 @@ from .capture import Captured, native_output
 from .triage import classify
 
 DEFAULT_N = 98_432  # the triton tutorial's size: not a multiple of the block, so the mask is exercised
+
+# One self-test at a time in a process: the node (ComfyUI's execution thread) and the Triton
+# tab's POST /tritonkit/selftest (an executor thread) can start one together, and both what they
+# run is process-wide: native_output points file descriptors 1 and 2 at a file (two overlapping
+# redirections restore each other's file, and the server's log is lost), and the Triton
+# interpreter patches triton.language while a kernel runs ("Did you forget to add @triton.jit?"
+# in the other thread).
+_RUN_LOCK = threading.Lock()
 
 
 def _sync(device_type: str) -> None:
@@ -36,7 +45,13 @@ def pick_device(device: str) -> str:
 
 
 def run_vector_add(device: str = "auto", n: int = DEFAULT_N, warm_runs: int = 10, seed: int = 0) -> dict:
-    """Runs the vector add once cold and ``warm_runs`` times warm; compares with torch."""
+    """Runs the vector add once cold and ``warm_runs`` times warm; compares with torch. Calls
+    from several threads run one after another."""
+    with _RUN_LOCK:
+        return _run_vector_add(device, n, warm_runs, seed)
+
+
+def _run_vector_add(device: str, n: int, warm_runs: int, seed: int) -> dict:
     res = {"ok": False, "device": device, "backend": None, "n": n, "max_abs_diff": None,
            "first_call_s": None, "warm_ms": None, "triage": None}
     native = Captured()  # what the C compiler / ptxas print while the first call compiles
@@ -144,8 +159,9 @@ def format_report(rep: dict) -> str:
         if st.get("max_abs_diff") is not None:
             lines.append(f"  max abs diff vs torch: {st['max_abs_diff']:g}")
         if st.get("first_call_s") is not None:
+            warm = f"{st['warm_ms']:.3f} ms" if st.get("warm_ms") is not None else "not measured (failed)"
             lines.append(f"  cold (first call, compile or cache load): {st['first_call_s'] * 1e3:.1f} ms; "
-                         f"warm: {st['warm_ms']:.3f} ms")
+                         f"warm: {warm}")
     py = rep["python"]
     lines.append(f"Python {py['version']} ({py['kind']}) at {py['executable']}")
     il = rep["include_libs"]

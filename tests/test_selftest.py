@@ -23,6 +23,39 @@ def test_selftest_cpu_passes_and_reports():
     assert "torch " in text and "C compiler:" in text and "triton cache:" in text
 
 
+def test_selftest_calls_from_several_threads_all_pass_and_keep_the_descriptors():
+    # the node (ComfyUI's execution thread) and the Triton tab's route (an executor thread) can
+    # start a self-test together: each must pass, and stdout/stderr must point where they did
+    import os
+    import threading
+    before = [os.fstat(fd) for fd in (1, 2)]
+    results = [None] * 4
+    errors = []
+
+    def one(i):
+        try:
+            results[i] = selftest.run_vector_add(device="cpu", n=4099 + i, warm_runs=2)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    after = [os.fstat(fd) for fd in (1, 2)]
+    assert not errors, errors
+    assert [r["ok"] for r in results] == [True] * 4, [r["triage"] for r in results]
+    assert [(s.st_dev, s.st_ino) for s in after] == [(s.st_dev, s.st_ino) for s in before]
+
+
+def test_report_of_a_run_that_failed_after_its_first_call():
+    rep = selftest.full_report(device="cpu", n=4099)
+    rep["selftest"].update(ok=False, warm_ms=None)
+    text = selftest.format_report(rep)
+    assert text.startswith("Triton self-test: FAIL") and "warm: not measured" in text
+
+
 def test_selftest_bad_device_is_a_clear_failure():
     st = selftest.run_vector_add(device="tpu")
     assert not st["ok"]
