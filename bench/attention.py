@@ -2,24 +2,31 @@
 sageattention (Triton, int8 QK) and comfy-kitchen's int8_attention (CUDA, INT8 Q/K/V/P; the kernel
 library current ComfyUI depends on), where importable, on the shapes of real diffusion models.
 
-Our 8-bit mode is measured in its P·V variants: ``ours_8bit`` (auto, what the node runs),
-``ours_8bit_fp8`` (fp8 e4m3 P·V, sm89+ only), ``ours_8bit_halfpv`` (P·V in the input dtype) and
-``ours_8bit_f16acc`` (opt-in fp16-accumulate P·V, aimed at GeForce cards); exact mode also with
-its opt-in TMA loads (``ours_exact_tma``) and TMA + warp-specialisation request
-(``ours_exact_tma_ws``), sm90+.
+Our 8-bit mode is measured in its P·V variants: ``ours_8bit`` (auto, what the node runs: the
+variant timed fastest on this GPU), ``ours_8bit_fp8`` (fp8 e4m3 P·V, sm89+ only),
+``ours_8bit_halfpv`` (P·V in the input dtype) and ``ours_8bit_f16acc`` (opt-in fp16-accumulate
+P·V, aimed at GeForce cards); exact mode likewise: ``ours_exact`` (auto: TMA or pointer loads,
+timed), ``ours_exact_ptr`` (pointer loads), ``ours_exact_tma`` (TMA) and ``ours_exact_tma_ws``
+(TMA + warp specialisation, opt-in), the TMA ones sm90+.
 
 TFLOPS = 4·B·H·L²·D / t (forward, non-causal). Times are whole calls as a ComfyUI node makes them:
 ours and Sage include their quantisation / smoothing pre-passes. Accuracy is measured on sampled
 query rows against a float64 reference: cosine similarity (global and worst row) and relative
 L2 error (global and worst row), on normal inputs and on inputs with DiT-like outlier channels.
 
-    python bench/attention.py [--dtype bf16|fp16] [--shapes flux,sdxl,...] [--json out.json]
+    python bench/attention.py [--dtype bf16|fp16] [--shapes flux,sdxl,...] [--rounds 3] [--json out.json]
+
+Timing is interleaved: per shape every method is compiled, checked and warmed first, then timed in
+``--rounds`` rounds (A B C … A B C …), each a ``do_bench`` of ``--rep`` ms. A method's figure is
+its median over the rounds with the min–max; the ratios (ours / cuDNN, ours / FA2) are taken per
+round, against the anchor timed in the same round, and reported as median (min–max).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import statistics
 import sys
 import types
 from pathlib import Path
@@ -77,7 +84,7 @@ def kitchen():
     return f, None
 
 
-def ours(mode, pv="auto", tma="0"):
+def ours(mode, pv="auto", tma="auto"):
     import os
 
     def f(q, k, v):
@@ -148,6 +155,21 @@ def kernel_reports():
     return reps
 
 
+def round_ratios(row, live):
+    """Per-round speed ratios of our methods against the anchors timed in the same round:
+    {"<ours>/<anchor>": [median, min, max]}."""
+    out = {}
+    for anchor in ("sdpa_cudnn", "sdpa_fa2", "sage", "kitchen_int8"):
+        if anchor not in live:
+            continue
+        for m in live:
+            if not m.startswith("ours"):
+                continue
+            r = [a / b for a, b in zip(row[anchor]["ms_rounds"], row[m]["ms_rounds"])]
+            out[f"{m}/{anchor}"] = [statistics.median(r), min(r), max(r)]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
@@ -155,6 +177,7 @@ def main():
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--methods", default=None, help="comma-separated subset of the methods")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape")
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     dev = torch.cuda.get_device_name()
@@ -174,7 +197,8 @@ def main():
     errors = {"sage": sage_err, "kitchen_int8": kitchen_err}
     methods = {"sdpa_fa2": sdpa("flash"), "sdpa_cudnn": sdpa("cudnn"), "sage": sage_fn,
                "kitchen_int8": kitchen_fn,
-               "ours_exact": ours("exact"), "ours_exact_tma": ours("exact", tma="1"),
+               "ours_exact": ours("exact"), "ours_exact_ptr": ours("exact", tma="0"),
+               "ours_exact_tma": ours("exact", tma="1"),
                "ours_exact_tma_ws": ours("exact", tma="ws"),
                "ours_8bit": ours("int8"), "ours_8bit_fp8": ours("int8", "fp8"),
                "ours_8bit_halfpv": ours("int8", "half"), "ours_8bit_f16acc": ours("int8", "f16acc")}
@@ -189,6 +213,7 @@ def main():
         qo, ko, vo = make_inputs(shape, dtype, True, seed=1)
         rows = torch.randperm(L, device="cuda")[:256].sort().values
         row = {"shape": name, "BHLD": shape}
+        live = {}
         for mname, fn in methods.items():
             if fn is None:
                 row[mname] = {"error": errors.get(mname) or "not available"}
@@ -199,12 +224,21 @@ def main():
                 acc = accuracy(out, q, k, v, rows)
                 del out
                 acc_o = accuracy(fn(qo, ko, vo), qo, ko, vo, rows)
-                ms = triton.testing.do_bench(lambda: fn(q, k, v), warmup=25, rep=args.rep)
-                row[mname] = {"ms": ms, "tflops": flops / ms / 1e9, **acc,
-                              "outliers": {k2: acc_o[k2] for k2 in ("cos", "min_row_cos", "rel", "finite")}}
+                triton.testing.do_bench(lambda: fn(q, k, v), warmup=25, rep=25)  # warm: tuning, caches
+                row[mname] = {**acc, "outliers": {k2: acc_o[k2] for k2 in ("cos", "min_row_cos", "rel", "finite")},
+                              "ms_rounds": []}
+                live[mname] = fn
             except Exception as e:  # noqa: BLE001
                 row[mname] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}
             torch.cuda.empty_cache()
+        for _ in range(max(1, args.rounds)):  # A B C ... A B C ...
+            for mname, fn in live.items():
+                row[mname]["ms_rounds"].append(triton.testing.do_bench(lambda: fn(q, k, v), warmup=5, rep=args.rep))
+        for mname in live:
+            ms = row[mname]["ms_rounds"]
+            row[mname].update(ms=statistics.median(ms), tflops=flops / statistics.median(ms) / 1e9,
+                              tflops_min=flops / max(ms) / 1e9, tflops_max=flops / min(ms) / 1e9)
+        row["ratios"] = round_ratios(row, live)
         results.append(row)
         print(json.dumps(row), flush=True)
         del q, k, v, qo, ko, vo
@@ -218,14 +252,19 @@ def main():
         cells = []
         for n in names:
             m = r.get(n, {"error": "not run"})
-            cells.append("n/a" if "error" in m else f"{m['tflops']:.0f} (cos {m['cos']:.5f})")
-        cud = r.get("sdpa_cudnn", {}).get("tflops")
-        ex = r.get("ours_exact", {}).get("tflops")
-        i8 = r.get("ours_8bit", {}).get("tflops")
-        ratio = (lambda a: f"{a / cud:.2f}x" if (a and cud) else "n/a")
-        fa2 = r.get("sdpa_fa2", {}).get("tflops")
-        exfa = f"{ex / fa2:.2f}x" if (ex and fa2) else "n/a"
-        print(f"| {r['shape']} {tuple(r['BHLD'])} | " + " | ".join(cells) + f" | {ratio(ex)} | {ratio(i8)} | {exfa} |")
+            cells.append("n/a" if "error" in m else
+                         f"{m['tflops']:.0f} ({m['tflops_min']:.0f}-{m['tflops_max']:.0f}; cos {m['cos']:.5f})")
+        rr = r.get("ratios", {})
+
+        def ratio(key):
+            x = rr.get(key)
+            return f"{x[0]:.2f}x ({x[1]:.2f}-{x[2]:.2f})" if x else "n/a"
+        print(f"| {r['shape']} {tuple(r['BHLD'])} | " + " | ".join(cells)
+              + f" | {ratio('ours_exact/sdpa_cudnn')} | {ratio('ours_8bit/sdpa_cudnn')} | {ratio('ours_exact/sdpa_fa2')} |")
+    print("\nper-round ratios, median (min-max):")
+    for r in results:
+        for key, x in sorted(r.get("ratios", {}).items()):
+            print(f"  {r['shape']}: {key} {x[0]:.3f} ({x[1]:.3f}-{x[2]:.3f})")
     print("\nautotune choices:", {str(k): v for k, v in A.tune_cache().items()})
     kreps = kernel_reports()
     for r in kreps:

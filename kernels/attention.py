@@ -18,6 +18,10 @@ Two modes:
   whose fp16-accumulate MMA runs at twice the fp32-accumulate rate) fp16 operands accumulated in
   fp16 within a key block. :func:`attention_8bit_emulated` is the torch model of this arithmetic.
 
+With ``pv="auto"`` (8-bit) and the default ``TRITONKIT_ATTN_TMA`` (exact, sm90+) the variant is
+not chosen by a rule: 16-bit vs fp8 P·V, and pointer vs TMA loads, are candidates of the block
+config timing on the user's GPU (:func:`choose_config`, kernels/tuning.py), stored per shape class.
+
 Both take any head size up to 256 (padded in-kernel to the next power of two, the padding masked
 off), any L_q / L_kv (cross-attention, lengths that are not block multiples), batch, heads, GQA,
 the two layouts ComfyUI passes ((B, L, H·D) and (B, H, L, D), read through strides without a
@@ -466,37 +470,50 @@ def fp8_pv_supported(cc: int | None) -> bool:
 
 PV_MODES = ("auto", "half", "fp8", "f16acc")
 
+# Kernel variants. `auto` does not pick them by rule: they are candidates of the block-config
+# timing (kernels/tuning.py), as a fifth element of (BLOCK_M, BLOCK_N, num_warps, num_stages,
+# variant), timed on the user's GPU for each shape class and stored with the config. In 8-bit mode
+# the variant is the kernel's PV_MODE (0 P·V in the input dtype, 1 fp8 e4m3, 2 fp16-accumulate);
+# in exact mode the K / V loads (TMA_OFF pointers, TMA_ON tensor descriptors, TMA_WS descriptors
+# and a warp-specialised key loop).
+TMA_OFF, TMA_ON, TMA_WS = 0, 1, 2
 
-# On Hopper-class GPUs (sm90, sm100) the int8/fp8 kernel is bound by the softmax, not the MMA: fp8
-# P·V measured 0.98-1.0x the 16-bit P·V at L <= 16384 on an H100 (its V pre-pass costs as much as
-# it saves) and 1.09x at L = 32760, at a lower cosine (0.9992 vs 0.99993). There "auto" keeps
-# 16-bit P·V below this many keys. On sm89 / sm120 (GeForce Ada / Blackwell: fp16 MMA with fp32
-# accumulation at half the fp8 rate) "auto" always takes fp8.
-FP8_PV_MIN_KEYS_DATACENTER = 16384
+# fp8 P·V has ~3x the error of 16-bit P·V (rel. L2 3.8 % vs 1.2 %, cos 0.9993 vs 0.99993 on an
+# H100, bench/attention.py), so `auto` takes it only where it times at least this much faster:
+# its measured time is multiplied by this factor before the comparison. A policy on accuracy, not
+# a hardware threshold. (H100, 2026-11-23: fp8 P·V 0.87x the 16-bit one at Flux's 4608 keys,
+# 1.09-1.10x at 16384 and 32760 keys.)
+FP8_PV_MARGIN = 1.03
 
 
-def pv_mode_for(pv: str, cc: int | None, int8: bool, lk: int | None = None) -> int:
-    """Kernel PV_MODE for the ``pv`` argument of :func:`attention`: auto = fp8 in 8-bit mode where
-    the GPU has fp8 MMA and it pays (see FP8_PV_MIN_KEYS_DATACENTER), else P·V in the input dtype;
-    f16acc (opt-in, 8-bit mode only) = fp16 operands with fp16 accumulation inside each key
-    block."""
+def pv_modes_for(pv: str, cc: int | None, int8: bool) -> tuple:
+    """The kernel PV_MODEs the ``pv`` argument of :func:`attention` leaves to choose from, the
+    default first (taken when timing is off): "auto" in 8-bit mode on a GPU with fp8 MMA = both
+    16-bit and fp8 P·V, timed (16-bit first on datacenter Hopper / Blackwell, whose 16-bit MMA with
+    fp32 accumulation runs at half the fp8 rate like GeForce's but where the kernel is bound by
+    the softmax; fp8 first on GeForce Ada / Blackwell, sm89 / sm120, where the fp8 MMA rate is
+    2x-4x the fp32-accumulate 16-bit one: by the published per-card rates, not measured here);
+    "half" / "fp8" / "f16acc" = that one."""
     if pv not in PV_MODES:
         raise ValueError(f"pv must be one of {PV_MODES}")
     if not int8 or pv == "half":
         if int8 or pv in ("auto", "half"):
-            return 0
+            return (0,)
         raise ValueError(f"pv={pv!r} is for mode='int8' only")
     if pv == "auto":
         if not fp8_pv_supported(cc):
-            return 0
-        if cc in (90, 100, 103) and lk is not None and lk < FP8_PV_MIN_KEYS_DATACENTER:
-            return 0
-        return 1
+            return (0,)
+        return (0, 1) if cc in (90, 100, 103) else (1, 0)
     if pv == "fp8":
         if not fp8_pv_supported(cc):
             raise ValueError(f"pv='fp8' needs a GPU with fp8 MMA (sm89+), got {'CPU' if cc is None else f'sm{cc}'}")
-        return 1
-    return 2
+        return (1,)
+    return (2,)
+
+
+def pv_mode_for(pv: str, cc: int | None, int8: bool) -> int:
+    """The default (untimed) PV_MODE of :func:`pv_modes_for`."""
+    return pv_modes_for(pv, cc, int8)[0]
 
 
 def int8_supported(cc: int | None) -> bool:
@@ -718,11 +735,39 @@ def _quantize_v_fp8(v4, sv, B, H, L, D, block_d):
 TMA_IN_INTERPRETER = False
 
 
-def tma_mode() -> tuple[bool, bool]:
-    """(TMA loads, warp specialisation) for exact mode on sm90+: opt-in while unmeasured,
-    TRITONKIT_ATTN_TMA=1 (TMA) or =ws (TMA + warp-specialised key loop)."""
-    v = os.environ.get("TRITONKIT_ATTN_TMA", "0").strip().lower()
-    return v in ("1", "ws"), v == "ws"
+TMA_ENV = "TRITONKIT_ATTN_TMA"
+
+
+def tma_variants_for(cc: int | None, dtype) -> tuple:
+    """Exact mode's K / V load variants to choose from, the default first. TRITONKIT_ATTN_TMA:
+    unset or "auto" = pointer loads and TMA, timed (sm90+, fp16 / bf16); "0" = pointer loads only;
+    "1" = TMA; "ws" = TMA and a warp-specialised key loop (opt-in only: Triton 3.6 fails to compile
+    some of its configs on sm90, and it measured no faster than TMA alone on an H100)."""
+    v = os.environ.get(TMA_ENV, "auto").strip().lower()
+    if v not in ("auto", "", "0", "off", "false", "no", "1", "on", "true", "yes", "ws"):
+        raise ValueError(f"{TMA_ENV} must be auto, 0, 1 or ws, not {v!r}")
+    able = ((cc is not None and cc >= 90) or (cc is None and TMA_IN_INTERPRETER)) and \
+        dtype in (torch.float16, torch.bfloat16)
+    if not able or v in ("0", "off", "false", "no"):
+        return (TMA_OFF,)
+    if v == "ws":
+        return (TMA_WS,)
+    if v in ("1", "on", "true", "yes"):
+        return (TMA_ON,)
+    return (TMA_OFF, TMA_ON) if cc is not None else (TMA_OFF,)
+
+
+def _table(int8: bool, variant: int):
+    """The name candidates() takes for this mode and variant."""
+    if int8:
+        return (True, "int8-fp8pv", "int8-f16acc")[variant]
+    return False if variant == TMA_OFF else "exact-tma"
+
+
+def variant_candidates(cc: int, block_d: int, in_bytes: int, int8: bool, variants) -> list:
+    """Candidates (BLOCK_M, BLOCK_N, num_warps, num_stages, variant) over ``variants``, in their
+    order: each variant with its own config list."""
+    return [tuple(c) + (v,) for v in variants for c in candidates(cc, block_d, in_bytes, _table(int8, v))]
 
 
 def _tma_view(k4, v4, B, Hk, Lk, D, bhld):
@@ -755,11 +800,7 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head size {D} > {MAX_HEAD_DIM}")
     cc = _device_cc(dev)
-    pv_mode = pv_mode_for(pv, cc, int8, Lk)
-    use_tma, ws = tma_mode()
-    use_tma = (use_tma and ((cc is not None and cc >= 90) or (cc is None and TMA_IN_INTERPRETER))
-               and q.dtype in (torch.float16, torch.bfloat16))
-    ws = ws and use_tma
+    pv_modes = pv_modes_for(pv, cc, int8)
     if int8 and not int8_supported(cc):
         raise ValueError(f"int8 attention needs sm80+ (got sm{cc})")
     if q.dtype not in supported_dtypes(cc):
@@ -797,18 +838,36 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
         if not bhld:
             mean = mean.view(B, Hk, D).contiguous()
         qi, qs = _quantize(q4, sq, B, H, Lq, D, block_d, sm_scale * LOG2E, True, 64)
-    va, sva, vs_ = v4, sv, None
-    if pv_mode == 1:
-        va, vs_ = _quantize_v_fp8(v4, sv, B, Hk, Lk, D, block_d)
-        sva = (va.stride(0), va.stride(1), va.stride(2))
+    if int8:
+        variants = pv_modes
+    else:
+        variants = tma_variants_for(cc, q.dtype)
+        if variants != (TMA_OFF,) and not (align8 and not int64 and _tma_view(k4, v4, B, Hk, Lk, D, bhld)):
+            variants = (TMA_OFF,)  # K / V do not fold into 16-byte-aligned 2-D views
+    tma_view = _tma_view(k4, v4, B, Hk, Lk, D, bhld) if any(x != TMA_OFF for x in variants) and not int8 else None
+    fp8_v = []  # the fp8 V copy the compile warm-ups share (timed runs make their own)
+    fp8_v_lock = threading.Lock()
 
-    tma_view = _tma_view(k4, v4, B, Hk, Lk, D, bhld) if (use_tma and not int8 and align8 and not int64) else None
+    def v_operand(pv_mode, fresh):
+        if pv_mode != 1:
+            return v4, sv, None
+        if fresh:
+            va, vs_ = _quantize_v_fp8(v4, sv, B, Hk, Lk, D, block_d)
+        else:
+            with fp8_v_lock:
+                if not fp8_v:
+                    fp8_v.append(_quantize_v_fp8(v4, sv, B, Hk, Lk, D, block_d))
+            va, vs_ = fp8_v[0]
+        return va, (va.stride(0), va.stride(1), va.stride(2)), vs_
 
     def run(c, o_out, warmup=False):
-        bm, bn, nw, ns = c
+        bm, bn, nw, ns, variant = c
+        pv_mode = variant if int8 else 0
+        ws = not int8 and variant == TMA_WS
+        va, sva, vs_ = v_operand(pv_mode, fresh=not warmup)
         kd = vd = o_out  # unused pointers unless TMA
         tma = (0, 0, 0)
-        if tma_view is not None:
+        if not int8 and variant != TMA_OFF:
             from triton.tools.tensor_descriptor import TensorDescriptor
             k2, v2, tma = tma_view
             kd = TensorDescriptor.from_tensor(k2, [bn, block_d])
@@ -837,26 +896,31 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
             ALIGN8=align8, PV_MODE=pv_mode, USE_TMA=kd is not o_out, WARP_SPEC=ws, num_warps=nw, num_stages=ns)
 
     if cfg is None:
-        # the P·V variant rides in the int8 slot of the tuning key (truthy for every 8-bit variant)
-        tune_int8 = (True, "int8-fp8pv", "int8-f16acc")[pv_mode] if int8 else False
-        if tma_view is not None:
-            tune_int8 = "exact-tma-ws" if ws else "exact-tma"  # keys of their own, exact candidates
-        cfg = choose_config(dev, cc, q.dtype, block_d, tune_int8, kind, causal, Lq, Lk, run, o)
+        cfg = choose_config(dev, cc, q.dtype, block_d, int8, kind, causal, Lq, Lk, run, o, variants)
+    elif len(cfg) == 4:
+        cfg = tuple(cfg) + (variants[0],)  # an explicit block config runs the default variant
     run(cfg, o)
     return o
 
 
-def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None, o=None):
-    """The block config for this call's tuning key: timed once per GPU on its first call (the
-    candidates compiled in parallel), then stored (kernels/tuning.py)."""
+def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None, o=None, variants=(0,)):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, variant) for this call's tuning key: timed once
+    per GPU on its first call over every variant's configs (compiled in parallel), then stored
+    (kernels/tuning.py). fp8 P·V's time counts FP8_PV_MARGIN more (it is the less accurate one)."""
+    variants = tuple(variants)
     if cc is None:
-        return CPU_CONFIG
-    cands = candidates(cc, block_d, torch.tensor([], dtype=dtype).element_size(), int8)
+        return CPU_CONFIG + (variants[0],)
+    cands = variant_candidates(cc, block_d, torch.tensor([], dtype=dtype).element_size(), int8, variants)
     if run is None:
         return cands[0]
-    key = (cc, str(dtype), block_d, int8, kind, bool(causal), _pow2_bucket(Lq), _pow2_bucket(Lk))
+    label = ("int8-pv" if int8 else "exact-v") + "".join(str(v) for v in variants)
+    key = (cc, str(dtype), block_d, label, kind, bool(causal), _pow2_bucket(Lq), _pow2_bucket(Lk))
     skey = "attn_config|" + "|".join(str(x) for x in key)
-    return tuning.pick(dev, skey, cands, run=lambda c: run(c, o), warm=lambda c: run(c, o, warmup=True))
+    weight = None
+    if int8 and 1 in variants and len(variants) > 1:
+        weight = lambda c: FP8_PV_MARGIN if c[4] == 1 else 1.0  # noqa: E731
+    return tuning.pick(dev, skey, cands, run=lambda c: run(c, o), warm=lambda c: run(c, o, warmup=True),
+                       weight=weight)
 
 
 # ----------------------------------------------------------------------------- custom op

@@ -75,10 +75,12 @@ def compile_parallel(device: torch.device, warm: Callable, cands: Sequence) -> N
 
 
 def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
-         warm: Optional[Callable] = None) -> tuple:
+         warm: Optional[Callable] = None, weight: Optional[Callable] = None) -> tuple:
     """The config for ``key`` among ``cands`` (tuples): this process's pick, else the stored one,
     else the fastest of ``run(c)`` timed here (after compiling all with ``warm(c)`` in parallel),
-    stored. The first candidate when there is one, when timing is off, or when none runs."""
+    stored. The first candidate when there is one, when timing is off, or when none runs.
+    ``weight(c)`` (default 1) multiplies a candidate's time before the comparison: a less accurate
+    variant has to be that much faster to be picked."""
     hit = _CACHE.get(key)  # the per-call path: one dict lookup
     if hit is not None:
         return hit
@@ -98,18 +100,21 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
         t0 = time.perf_counter()
         if warm is not None:
             compile_parallel(device, warm, cands)
-        best, best_t = None, float("inf")
+        best, best_t, best_ms = None, float("inf"), None
         for c in cands:
             try:
                 t = triton.testing.do_bench(lambda: run(c), warmup=WARMUP, rep=REP, return_mode="median")
             except Exception:  # noqa: BLE001 - e.g. out of resources for this config on this GPU
                 continue
+            ms = t
+            if weight is not None:
+                t *= weight(c)
             if t < best_t:
-                best, best_t = c, t
+                best, best_t, best_ms = c, t, ms
         best = best or cands[0]
         _CACHE[key] = best
         calibration.COUNTERS["autotunes"] += 1
         calibration.COUNTERS["autotune_s"] += time.perf_counter() - t0
         if best_t < float("inf"):
-            calibration.remember(device, key, {"config": list(best), "ms": round(best_t, 5)})
+            calibration.remember(device, key, {"config": list(best), "ms": round(best_ms, 5)})
         return best

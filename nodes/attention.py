@@ -249,11 +249,15 @@ def describe(mode: str, model) -> str:
     if mode == "8-bit" and not A.int8_supported(cc):
         lines.append("8-bit needs sm80+: calls use ComfyUI's attention; choose exact")
     elif mode == "8-bit":
-        pv = ("fp8 e4m3 (this GPU has fp8 MMA; on sm90/sm100 from "
-              f"{A.FP8_PV_MIN_KEYS_DATACENTER} keys, below that fp16/bf16)" if A.fp8_pv_supported(cc) else "fp16/bf16")
+        pv = ("fp8 e4m3 or fp16/bf16, whichever times faster on this GPU per shape class (fp8 only when "
+              f"{(A.FP8_PV_MARGIN - 1) * 100:.0f}% faster: it is less accurate)" if A.fp8_pv_supported(cc)
+              else "fp16/bf16")
         lines.append(f"kernel: int8 Q·K (smoothed K, per-row Q / per-block K scales), P·V {pv}, fp32 accumulation")
     elif mode == "exact":
-        lines.append("kernel: exact (fp32 softmax and accumulation)")
+        lines.append("kernel: exact (fp32 softmax and accumulation"
+                     + ("; K/V through TMA or pointer loads, whichever times faster on this GPU" if
+                        cc is not None and A.tma_variants_for(cc, torch.bfloat16) == (A.TMA_OFF, A.TMA_ON) else "")
+                     + ")")
     else:
         lines.append("auto: per shape class, the fastest of ComfyUI's attention, exact and 8-bit"
                      + ("" if A.int8_supported(cc) else " (8-bit not on this GPU)")

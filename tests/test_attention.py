@@ -205,11 +205,41 @@ def test_pv_argument_checks():
         A.attention(q, q, q, layout="bhld", mode="exact", pv="f16acc")
     with pytest.raises(ValueError, match="pv must be one of"):
         A.attention(q, q, q, layout="bhld", mode="int8", pv="fp4")
-    assert A.pv_mode_for("auto", 90, True) == 1 and A.pv_mode_for("auto", 89, True, 1024) == 1
-    assert A.pv_mode_for("auto", 90, True, 4096) == 0 and A.pv_mode_for("auto", 90, True, 32760) == 1
-    assert A.pv_mode_for("fp8", 90, True, 4096) == 1 and A.pv_mode_for("auto", 120, True, 4096) == 1
-    assert A.pv_mode_for("auto", 86, True) == 0 and A.pv_mode_for("auto", None, True) == 0
-    assert A.pv_mode_for("auto", 90, False) == 0 and A.pv_mode_for("f16acc", 86, True) == 2
+    # auto leaves 16-bit and fp8 P·V to the timing where the GPU has fp8 MMA (16-bit first on
+    # datacenter Hopper/Blackwell, fp8 first on GeForce Ada/Blackwell); one mode elsewhere
+    assert A.pv_modes_for("auto", 90, True) == (0, 1) and A.pv_modes_for("auto", 100, True) == (0, 1)
+    assert A.pv_modes_for("auto", 89, True) == (1, 0) and A.pv_modes_for("auto", 120, True) == (1, 0)
+    assert A.pv_modes_for("fp8", 90, True) == (1,) and A.pv_modes_for("half", 120, True) == (0,)
+    assert A.pv_modes_for("auto", 86, True) == (0,) and A.pv_modes_for("auto", None, True) == (0,)
+    assert A.pv_modes_for("auto", 90, False) == (0,) and A.pv_modes_for("f16acc", 86, True) == (2,)
+    assert A.pv_mode_for("auto", 89, True) == 1 and A.pv_mode_for("auto", 90, True) == 0
+
+
+@pytest.mark.parametrize("env, cc, dtype, want", [
+    (None, 90, torch.bfloat16, (0, 1)), ("auto", 120, torch.float16, (0, 1)), ("0", 90, torch.bfloat16, (0,)),
+    ("1", 90, torch.bfloat16, (1,)), ("ws", 100, torch.float16, (2,)), (None, 89, torch.bfloat16, (0,)),
+    ("1", 86, torch.float16, (0,)), (None, 90, torch.float32, (0,)), (None, None, torch.float16, (0,))])
+def test_tma_variants_follow_the_environment_and_the_arch(env, cc, dtype, want, monkeypatch):
+    if env is None:
+        monkeypatch.delenv(A.TMA_ENV, raising=False)
+    else:
+        monkeypatch.setenv(A.TMA_ENV, env)
+    assert A.tma_variants_for(cc, dtype) == want
+
+
+def test_a_bad_tma_setting_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(A.TMA_ENV, "maybe")
+    with pytest.raises(ValueError, match="TRITONKIT_ATTN_TMA must be auto, 0, 1 or ws"):
+        A.tma_variants_for(90, torch.bfloat16)
+
+
+def test_variant_candidates_carry_each_variants_own_configs():
+    both = A.variant_candidates(90, 128, 2, True, (0, 1))
+    assert [c[:4] for c in both if c[4] == 0] == A.candidates(90, 128, 2, True)
+    assert [c[:4] for c in both if c[4] == 1] == A.candidates(90, 128, 2, "int8-fp8pv")
+    assert both[0][4] == 0 and both[-1][4] == 1  # the default variant's configs first
+    tma = A.variant_candidates(90, 64, 2, False, (A.TMA_OFF, A.TMA_ON))
+    assert {c[4] for c in tma} == {0, 1} and [c[:4] for c in tma if c[4] == 1] == A.candidates(90, 64, 2, False)
 
 
 def test_cross_attention_sd_context(poison):
@@ -283,7 +313,7 @@ def test_layouts_match_each_other():
 
 
 def test_default_cpu_config_and_arch_tables():
-    assert A.choose_config(torch.device("cpu"), None, torch.float16, 64, False, 0, False, 10, 10) == A.CPU_CONFIG
+    assert A.choose_config(torch.device("cpu"), None, torch.float16, 64, False, 0, False, 10, 10) == A.CPU_CONFIG + (0,)
     for cc in ARCHS:
         for bd in (16, 32, 64, 128, 256):
             for int8 in (False, True):
@@ -446,7 +476,7 @@ def test_cuda_8bit_variants_meet_the_accuracy_goal(shape, kind, pv, poison):
     q, k, v = make_8bit_inputs(B, H, L, D, torch.bfloat16, kind, L + D, device="cuda")
     out = poison(torch.empty_like(q))
     A.attention(q, k, v, layout="bhld", mode="int8", pv=pv, out=out)
-    fp8 = pv == "fp8" or (pv == "auto" and A.pv_mode_for("auto", A._device_cc(q.device), True, L) == 1)
+    fp8 = pv == "fp8"  # auto's pick is timed (the emulation check covers the forced fp8 runs)
     rows = torch.randperm(L, generator=torch.Generator().manual_seed(0))[:256].cuda()
     ref = A.attention_reference(q[:, :, rows], k, v, layout="bhld")
     g, worst, finite = cos_stats(out[:, :, rows], ref)
@@ -504,3 +534,107 @@ def test_cuda_compiled_model_keeps_the_op():
     eager = f(q)
     comp = torch.compile(f, fullgraph=True)(q)
     torch.testing.assert_close(comp, eager, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- auto's variant choice
+# The launcher's choice between kernel variants on a GPU, here on CPU tensors: the arch is faked,
+# the kernels are recorders and do_bench a fake timer that answers per variant. What is checked is
+# the launcher's side: every variant's configs are timed (fp8 P·V with its V pre-pass inside the
+# timed call), fp8 P·V is taken only when it is FP8_PV_MARGIN faster, TMA when it is faster at
+# all, the final launch runs the pick, and a new process reads it from the store without timing.
+
+class _Recorder:
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *a, **kw: self.log.append(("launch", kw))
+
+    def run(self, *a, grid=None, warmup=False, **kw):
+        self.log.append(("warm", kw))
+
+
+class _FakeGPU:
+    def __init__(self, monkeypatch, tmp_path, cc, times):
+        from tritonkit.kernels import calibration as C
+        from tritonkit.kernels import tuning as T
+        import triton.testing
+        self.C, self.T, self.log, self.timed, self.times = C, T, [], [], times
+        monkeypatch.setenv(C.ENV_DIR, str(tmp_path / "calib"))
+        for var in (T.ENV, T.ENV_OLD, A.TMA_ENV):
+            monkeypatch.delenv(var, raising=False)
+        C.reset()
+        T.cache().clear()
+        monkeypatch.setattr(A, "_device_cc", lambda dev: cc)
+        monkeypatch.setattr(A, "kernel_for", lambda fn, dev_type: _Recorder(self.log) if fn is A.attn_fwd_kernel
+                            else _Recorder([]))
+        self.v_quants = 0
+        real_qv = A._quantize_v_fp8
+
+        def qv(*a):
+            self.v_quants += 1
+            return real_qv(*a)
+        monkeypatch.setattr(A, "_quantize_v_fp8", qv)
+        monkeypatch.setattr(triton.testing, "do_bench", self.bench)
+
+    def bench(self, fn, warmup=None, rep=None, return_mode="mean"):
+        n, q0 = len(self.log), self.v_quants
+        fn()
+        kw = self.log[-1][1]
+        assert len(self.log) == n + 1 and self.log[-1][0] == "launch"
+        if kw["PV_MODE"] == 1:
+            assert self.v_quants == q0 + 1  # the fp8 V copy is made inside the timed call
+        variant = kw["PV_MODE"] if kw["INT8"] else (2 if kw["WARP_SPEC"] else int(kw["USE_TMA"]))
+        self.timed.append((kw["BLOCK_M"], kw["BLOCK_N"], variant))
+        return self.times[variant] * (1 + kw["BLOCK_N"] / 1e4)  # the larger block slightly slower
+
+    def new_process(self):
+        self.T.cache().clear()
+        self.log.clear()
+        self.timed.clear()
+
+
+def _qkv8(L=40, D=64):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, 2, L, D, generator=g).to(torch.float16) for _ in range(3)]
+
+
+@pytest.mark.parametrize("fp8_speed, want", [(1.01, 0), (1.10, 1)])
+def test_auto_takes_fp8_pv_only_when_it_times_enough_faster(fp8_speed, want, monkeypatch, tmp_path):
+    gpu = _FakeGPU(monkeypatch, tmp_path, 90, {0: 1.0, 1: 1.0 / fp8_speed})
+    q, k, v = _qkv8()
+    A._launch(q, k, v, None, 2, True, True, None, True, False)
+    assert {t[2] for t in gpu.timed} == {0, 1}
+    assert len(gpu.timed) == len(A.variant_candidates(90, 64, 2, True, (0, 1)))
+    final = gpu.log[-1][1]
+    assert gpu.log[-1][0] == "launch" and final["PV_MODE"] == want
+    (pick,) = A.tune_cache().values()
+    assert pick[4] == want and pick == (final["BLOCK_M"], final["BLOCK_N"], final["num_warps"],
+                                        final["num_stages"], want)
+    # a new process: the stored pick, no timing
+    gpu.new_process()
+    A._launch(q, k, v, None, 2, True, True, None, True, False)
+    assert gpu.timed == [] and [e[1]["PV_MODE"] for e in gpu.log if e[0] == "launch"] == [want]
+
+
+@pytest.mark.parametrize("tma_speed, want", [(0.97, A.TMA_OFF), (1.14, A.TMA_ON)])
+def test_auto_takes_tma_loads_where_they_time_faster(tma_speed, want, monkeypatch, tmp_path):
+    gpu = _FakeGPU(monkeypatch, tmp_path, 90, {0: 1.0, 1: 1.0 / tma_speed})
+    q, k, v = _qkv8(L=48, D=40)
+    A._launch(q, k, v, None, 2, True, True, None, False, False)
+    assert {t[2] for t in gpu.timed} == {A.TMA_OFF, A.TMA_ON}  # never the opt-in warp specialisation
+    assert int(gpu.log[-1][1]["USE_TMA"]) == want and not gpu.log[-1][1]["WARP_SPEC"]
+
+
+def test_fixed_variants_and_timing_off_take_the_default(monkeypatch, tmp_path):
+    gpu = _FakeGPU(monkeypatch, tmp_path, 89, {0: 1.0, 1: 2.0})
+    q, k, v = _qkv8()
+    monkeypatch.setenv(gpu.T.ENV, "0")
+    A._launch(q, k, v, None, 2, True, True, None, True, False)  # sm89: fp8 first, untimed
+    assert gpu.timed == [] and gpu.log[-1][1]["PV_MODE"] == 1
+    monkeypatch.delenv(gpu.T.ENV)
+    A._launch(q, k, v, None, 2, True, True, None, True, False, pv="half")
+    assert {t[2] for t in gpu.timed} == {0} and gpu.log[-1][1]["PV_MODE"] == 0
+    monkeypatch.setenv(A.TMA_ENV, "0")
+    A._launch(q, k, v, None, 2, True, True, None, False, False)
+    assert not gpu.log[-1][1]["USE_TMA"]

@@ -113,3 +113,15 @@ def test_timing_off_takes_the_first_candidate(monkeypatch, var):
     monkeypatch.setattr(triton.testing, "do_bench", bench)
     assert T.pick(CPU, "k|f", CANDS[::-1], run=runner(bench)) == CANDS[2]
     assert bench.timed == [] and C.recall(CPU, "k|f") is None
+
+
+def test_a_weight_makes_a_less_accurate_candidate_earn_its_pick(monkeypatch):
+    # weight(c) multiplies c's time: a variant weighted 1.03 must be over 3 % faster to win
+    slow_exact, fast_approx = (128, 64, 4, 3, 0), (128, 64, 4, 3, 1)
+    weight = lambda c: 1.03 if c[4] == 1 else 1.0  # noqa: E731
+    bench = Bench({slow_exact: 1.0, fast_approx: 0.98})
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    assert T.pick(CPU, "k|w1", [slow_exact, fast_approx], run=runner(bench), weight=weight) == slow_exact
+    bench.times[fast_approx] = 0.9
+    assert T.pick(CPU, "k|w2", [slow_exact, fast_approx], run=runner(bench), weight=weight) == fast_approx
+    assert C.recall(CPU, "k|w2")["config"] == list(fast_approx)
