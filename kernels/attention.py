@@ -738,6 +738,16 @@ TMA_IN_INTERPRETER = False
 TMA_ENV = "TRITONKIT_ATTN_TMA"
 
 
+def tensor_descriptors_available() -> bool:
+    """The installed Triton has host-side tensor descriptors (Triton 3.4+; older ones get no TMA
+    candidates)."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def tma_variants_for(cc: int | None, dtype) -> tuple:
     """Exact mode's K / V load variants to choose from, the default first. TRITONKIT_ATTN_TMA:
     unset or "auto" = pointer loads and TMA, timed (sm90+, fp16 / bf16); "0" = pointer loads only;
@@ -747,7 +757,7 @@ def tma_variants_for(cc: int | None, dtype) -> tuple:
     if v not in ("auto", "", "0", "off", "false", "no", "1", "on", "true", "yes", "ws"):
         raise ValueError(f"{TMA_ENV} must be auto, 0, 1 or ws, not {v!r}")
     able = ((cc is not None and cc >= 90) or (cc is None and TMA_IN_INTERPRETER)) and \
-        dtype in (torch.float16, torch.bfloat16)
+        dtype in (torch.float16, torch.bfloat16) and tensor_descriptors_available()
     if not able or v in ("0", "off", "false", "no"):
         return (TMA_OFF,)
     if v == "ws":

@@ -638,3 +638,9 @@ def test_fixed_variants_and_timing_off_take_the_default(monkeypatch, tmp_path):
     monkeypatch.setenv(A.TMA_ENV, "0")
     A._launch(q, k, v, None, 2, True, True, None, False, False)
     assert not gpu.log[-1][1]["USE_TMA"]
+
+
+def test_no_tma_candidates_without_tensor_descriptors(monkeypatch):
+    monkeypatch.delenv(A.TMA_ENV, raising=False)
+    monkeypatch.setattr(A, "tensor_descriptors_available", lambda: False)  # Triton < 3.4
+    assert A.tma_variants_for(90, torch.bfloat16) == (0,)
