@@ -238,6 +238,8 @@ def test_variant_candidates_carry_each_variants_own_configs():
     assert [c[:4] for c in both if c[4] == 0] == A.candidates(90, 128, 2, True)
     assert [c[:4] for c in both if c[4] == 1] == A.candidates(90, 128, 2, "int8-fp8pv")
     assert both[0][4] == 0 and both[-1][4] == 1  # the default variant's configs first
+    ws = A.variant_candidates(90, 64, 2, False, (A.TMA_WS,))
+    assert ws and all(c[2] == 8 and c[4] == A.TMA_WS for c in ws)  # 4-warp WS configs abort Triton 3.6
     tma = A.variant_candidates(90, 64, 2, False, (A.TMA_OFF, A.TMA_ON))
     assert {c[4] for c in tma} == {0, 1} and [c[:4] for c in tma if c[4] == 1] == A.candidates(90, 64, 2, False)
 
