@@ -41,6 +41,7 @@ traceable, and Inductor has nothing to fuse into an attention kernel anyway).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -50,7 +51,7 @@ import triton
 import triton.language as tl
 
 from . import calibration, tuning
-from .runtime import kernel_for
+from .runtime import cdiv, kernel_for, next_pow2
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -372,7 +373,7 @@ def quant_v_fp8_kernel(X, Amax, Out, L, H,
 
 def block_d_for(head_dim: int) -> int:
     """The padded head size the kernel computes with (a power of two, at least 16)."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_pow2(head_dim))
 
 
 def arch_family(cc: int) -> str:
@@ -534,7 +535,7 @@ def tune_cache() -> dict:
 
 
 def _pow2_bucket(n: int) -> int:
-    return triton.next_power_of_2(max(16, min(int(n), 32768)))
+    return next_pow2(max(16, min(int(n), 32768)))
 
 
 def _normalize_mask(mask, B, H, Lq, Lk, device):
@@ -587,7 +588,7 @@ def _align8(x, D, strides) -> bool:
 def _quantize(x, strides, B, H, L, D, block_d, mult, per_row, block_l, mean=None):
     dev = x.device
     out = torch.empty((B, H, L, block_d), dtype=torch.int8, device=dev)
-    nblk = triton.cdiv(L, block_l)
+    nblk = cdiv(L, block_l)
     scale = torch.empty((B, H, L if per_row else nblk), dtype=torch.float32, device=dev)
     int64 = max(L * max(strides[2], 1), L * block_d) >= INT64_THRESHOLD
     grid = (nblk * B * H,)
@@ -715,16 +716,16 @@ def _quantize_v_fp8(v4, sv, B, H, L, D, block_d):
     """(fp8 V^T (B, H, block_d, L_pad), fp32 (B, H, block_d) per-channel max |v|)."""
     dev = v4.device
     amax = torch.zeros((B, H, block_d), dtype=torch.float32, device=dev)
-    int64 = max(L * max(sv[2], 1), triton.cdiv(L, 128) * 128 * block_d) >= INT64_THRESHOLD
+    int64 = max(L * max(sv[2], 1), cdiv(L, 128) * 128 * block_d) >= INT64_THRESHOLD
     chunk = 256
-    kernel_for(v_absmax_kernel, dev.type)[(triton.cdiv(L, chunk) * B * H,)](
+    kernel_for(v_absmax_kernel, dev.type)[(cdiv(L, chunk) * B * H,)](
         v4, amax, L, H, sv[0], sv[1], sv[2],
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=32, CHUNK=chunk, INT64=int64, ALIGN8=_align8(v4, D, sv),
         num_warps=4)
-    l_pad = triton.cdiv(L, 128) * 128
+    l_pad = cdiv(L, 128) * 128
     out = torch.empty((B, H, block_d, l_pad), dtype=torch.float8_e4m3fn, device=dev)
     block_l = 64
-    kernel_for(quant_v_fp8_kernel, dev.type)[(triton.cdiv(l_pad, block_l) * B * H,)](
+    kernel_for(quant_v_fp8_kernel, dev.type)[(cdiv(l_pad, block_l) * B * H,)](
         v4, amax, out, L, H, sv[0], sv[1], sv[2], out.stride(0), out.stride(1), out.stride(2),
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=block_l, INT64=int64, ALIGN8=_align8(v4, D, sv), num_warps=4)
     return out, amax
@@ -738,6 +739,7 @@ TMA_IN_INTERPRETER = False
 TMA_ENV = "TRITONKIT_ATTN_TMA"
 
 
+@functools.lru_cache(maxsize=None)
 def tensor_descriptors_available() -> bool:
     """The installed Triton has host-side tensor descriptors (Triton 3.4+; older ones get no TMA
     candidates)."""
@@ -856,13 +858,15 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
         if not bhld:
             mean = mean.view(B, Hk, D).contiguous()
         qi, qs = _quantize(q4, sq, B, H, Lq, D, block_d, sm_scale * LOG2E, True, 64)
+    tma_view = None
     if int8:
         variants = pv_modes
     else:
         variants = tma_variants_for(cc, q.dtype)
-        if variants != (TMA_OFF,) and not (align8 and not int64 and _tma_view(k4, v4, B, Hk, Lk, D, bhld)):
-            variants = (TMA_OFF,)  # K / V do not fold into 16-byte-aligned 2-D views
-    tma_view = _tma_view(k4, v4, B, Hk, Lk, D, bhld) if any(x != TMA_OFF for x in variants) and not int8 else None
+        if variants != (TMA_OFF,):
+            tma_view = _tma_view(k4, v4, B, Hk, Lk, D, bhld) if (align8 and not int64) else None
+            if tma_view is None:
+                variants = (TMA_OFF,)  # K / V do not fold into 16-byte-aligned 2-D views
     fp8_v = []  # the fp8 V copy the compile warm-ups share (timed runs make their own)
     fp8_v_lock = threading.Lock()
 
@@ -900,7 +904,7 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
             qa, ka, sqa, ska = q4, k4, sq, sk
             qs_ = ks_ = o_out  # unused pointers
             qss = kss = (0, 0)
-        grid = (triton.cdiv(Lq, bm) * B * H,)
+        grid = (cdiv(Lq, bm) * B * H,)
         launch = kern[grid] if not warmup else (lambda *a, **kw: kern.run(*a, grid=grid, warmup=True, **kw))
         launch(
             qa, ka, va, o_out, m4 if m4 is not None else o_out, qs_, ks_,
@@ -928,12 +932,16 @@ def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None,
     variants = tuple(variants)
     if cc is None:
         return CPU_CONFIG + (variants[0],)
-    cands = variant_candidates(cc, block_d, torch.tensor([], dtype=dtype).element_size(), int8, variants)
+    label = ("int8-pv" if int8 else "exact-v") + "".join(str(v) for v in variants)
+    skey = (f"attn_config|{cc}|{dtype}|{block_d}|{label}|{kind}|{bool(causal)}|"
+            f"{_pow2_bucket(Lq)}|{_pow2_bucket(Lk)}")
+    if run is not None:
+        hit = tuning.cache().get(skey)  # every call after the first of its shape class
+        if hit is not None:
+            return hit
+    cands = variant_candidates(cc, block_d, dtype.itemsize, int8, variants)
     if run is None:
         return cands[0]
-    label = ("int8-pv" if int8 else "exact-v") + "".join(str(v) for v in variants)
-    key = (cc, str(dtype), block_d, label, kind, bool(causal), _pow2_bucket(Lq), _pow2_bucket(Lk))
-    skey = "attn_config|" + "|".join(str(x) for x in key)
     weight = None
     if int8 and 1 in variants and len(variants) > 1:
         weight = lambda c: FP8_PV_MARGIN if c[4] == 1 else 1.0  # noqa: E731

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import kernel_for
+from .runtime import cdiv, kernel_for, next_pow2
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -322,9 +322,9 @@ CPU_BLOCK = 1 << 16  # the interpreter runs one numpy op per Triton op: fewer, b
 def _launch_1d(kernel, n, block, warps, args, consts):
     dev = args[0].device.type
     if dev != "cuda":
-        block = max(block, min(triton.next_power_of_2(n), CPU_BLOCK))
+        block = max(block, min(next_pow2(n), CPU_BLOCK))
     big = n + block >= 2 ** 31
-    grid = (triton.cdiv(n, block),)
+    grid = (cdiv(n, block),)
     k = launchable(kernel, dev)
     if dev == "cuda":
         k[grid](*args, **consts, BLOCK=block, BIG=big, num_warps=warps)

@@ -32,6 +32,7 @@ import triton.language as tl
 import triton.runtime.errors
 
 from . import tuning
+from .runtime import cdiv, next_pow2
 from .fp8 import LAUNCHES, _FMT, _op_exists, OP_NAMESPACE, decode, fp8_bits_to_f32_bits, launchable, wrapping_int_math
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -132,7 +133,7 @@ CONFIGS_BY_BUCKET = (
 
 
 def m_bucket(M: int) -> int:
-    return min(triton.next_power_of_2(max(M, 1)), 8192)
+    return min(next_pow2(max(M, 1)), 8192)
 
 
 def _configs_for_bucket(bucket: int):
@@ -150,7 +151,7 @@ def _launch_cuda(args, consts, M, N, K, device):
 
     def launch(c, warmup=False):
         bn, bm, bk, group, warps, stages = c
-        grid = (triton.cdiv(N, bn) * triton.cdiv(M, bm),)
+        grid = (cdiv(N, bn) * cdiv(M, bm),)
         kw = dict(consts, EVEN_K=even_k, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, GROUP=group, num_warps=warps,
                   num_stages=stages)
         if warmup:
@@ -174,7 +175,7 @@ def _launch_cuda(args, consts, M, N, K, device):
 
 def _cpu_blocks(M, N, K):
     # the interpreter pays per Triton op, not per element: few programs, few K steps
-    p2 = triton.next_power_of_2
+    p2 = next_pow2
     return dict(BLOCK_N=max(16, min(p2(N), 256)), BLOCK_M=max(16, min(p2(M), 64)),
                 BLOCK_K=max(16, min(p2(K), 512)), GROUP=8)
 
@@ -241,7 +242,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         _launch_cuda(args, consts, M, N, K, x.device)
     else:
         blocks = _cpu_blocks(M, N, K)
-        grid = (triton.cdiv(N, blocks["BLOCK_N"]) * triton.cdiv(M, blocks["BLOCK_M"]),)
+        grid = (cdiv(N, blocks["BLOCK_N"]) * cdiv(M, blocks["BLOCK_M"]),)
         with wrapping_int_math():
             launchable(w8a16_linear_kernel, x.device.type)[grid](
                 *args, **consts, EVEN_K=K % blocks["BLOCK_K"] == 0, **blocks)

@@ -63,3 +63,16 @@ def cpu_mode() -> str:
     if triton_cpu_backend_available():
         return "triton-cpu backend"
     return "Triton interpreter"
+
+
+# Host-side arithmetic for launchers. triton.cdiv / triton.next_power_of_2 are Triton
+# constexpr functions in recent Triton (callable from kernels too): ~10 us a call from Python
+# through JITFunction.__call__, several per launch. These are the plain versions.
+def cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n, as triton.next_power_of_2 (which gives 0 for 0)."""
+    n = int(n)
+    return n if n <= 1 else 1 << (n - 1).bit_length()

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import kernel_for
+from .runtime import cdiv, kernel_for
 
 BLOCK_SIZE = 1024
 
@@ -35,7 +35,7 @@ def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> to
     if out is None:
         out = torch.empty_like(x)
     n = out.numel()
-    grid = (triton.cdiv(n, BLOCK_SIZE),)
+    grid = (cdiv(n, BLOCK_SIZE),)
     kernel_for(add_kernel, x.device.type)[grid](x, y, out, n, BLOCK_SIZE=BLOCK_SIZE)
     return out
 

@@ -1,0 +1,13 @@
+"""kernels/runtime.py's host helpers: the plain cdiv / next_pow2 the launchers use instead of
+Triton's constexpr functions agree with Triton's on every value a launcher passes."""
+import triton
+
+from tritonkit.kernels.runtime import cdiv, next_pow2
+
+
+def test_cdiv_and_next_pow2_match_tritons():
+    values = list(range(0, 4200)) + [2**k + d for k in range(12, 40) for d in (-1, 0, 1)]
+    for n in values:
+        assert next_pow2(n) == triton.next_power_of_2(n), n
+        for b in (1, 3, 16, 64, 128, 1000):
+            assert cdiv(n, b) == triton.cdiv(n, b), (n, b)
