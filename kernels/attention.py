@@ -988,9 +988,9 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
     mask: bool (True = keep) or additive float, broadcastable from (L_k), (L_q, L_k),
     (B, L_q, L_k) or (B, H, L_q, L_k). mode: "exact" or "int8". config: (BLOCK_M, BLOCK_N,
     num_warps, num_stages) to skip the choice (tests). out: write into this tensor (eager only: it
-    bypasses the custom op; tests poison it first). pv (8-bit mode's P·V): "auto" (fp8 e4m3 where
-    the GPU has fp8 MMA, sm89+, and it pays, else the input dtype: :func:`pv_mode_for`), "half"
-    (input dtype), "fp8", or "f16acc"
+    bypasses the custom op; tests poison it first). pv (8-bit mode's P·V): "auto" (fp8 e4m3 or the
+    input dtype, whichever times faster on a GPU with fp8 MMA, sm89+: :func:`pv_modes_for`),
+    "half" (input dtype), "fp8", or "f16acc"
     (opt-in: fp16 operands, fp16 accumulation within each key block; for GeForce Ampere/Ada)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
@@ -1009,10 +1009,12 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
                            mode == "int8", bool(causal), tuple(config) if config is not None else None, out,
                            pv=pv)
     op = _attention_op
-    if q.device.type == "cpu" and not torch.compiler.is_compiling():
-        # Eager CPU (the interpreter) calls the implementation directly, not through the
-        # dispatcher: a custom-op call that runs the Triton interpreter inside it crashed torch
-        # 2.14's dispatcher intermittently in CI (segfault in OpOverload.__call__).
+    if type(q) is torch.Tensor and q.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling():
+        # Eager calls on plain tensors run the implementation directly: the custom op is for
+        # torch.compile's graphs (and fake / subclass tensors), and its Python dispatch is per-call
+        # host time that an eager model pays on every attention call. (On CPU it also avoids a
+        # custom-op call running the Triton interpreter inside it, which crashed torch 2.14's
+        # dispatcher intermittently in CI: segfault in OpOverload.__call__.)
         op = _attention_impl
     return op(q, k, v, mask, int(heads), bhld, out_bhld,
                          None if scale is None else float(scale), mode == "int8", bool(causal),

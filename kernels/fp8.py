@@ -482,14 +482,27 @@ def _define_ops():
 _define_ops()
 
 
+def eager_plain(x: torch.Tensor) -> bool:
+    """An eager call (not traced by torch.compile) on a plain CPU / CUDA tensor: the ``*_op``
+    wrappers then call the implementation directly. The custom ops are for compiled graphs (and
+    fake or subclass tensors); their Python dispatch costs ~10 us a call, which an eager model pays
+    on every one of its hundreds of fp8 layers a step."""
+    return type(x) is torch.Tensor and x.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling()
+
+
 def decode_op(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor] = None,
               round_scale: bool = False) -> torch.Tensor:
-    """:func:`decode` through the custom op (what model code should call: compile-safe)."""
+    """:func:`decode` through the custom op (what model code should call: compile-safe). Eager
+    calls on plain tensors skip the dispatcher (see :func:`eager_plain`)."""
+    if eager_plain(x):
+        return decode(x, dtype, scale, round_scale=round_scale)
     return torch.ops.tritonkit.fp8_decode(x, scale, dtype, round_scale)
 
 
 def encode_op(x: torch.Tensor, fp8_dtype: torch.dtype, scale: Optional[torch.Tensor] = None,
               saturate: Optional[bool] = None) -> torch.Tensor:
+    if eager_plain(x):
+        return encode(x, fp8_dtype, scale, saturate=saturate)
     return torch.ops.tritonkit.fp8_encode(x, scale, fp8_dtype, -1 if saturate is None else int(saturate))
 
 

@@ -261,3 +261,21 @@ def test_gpu_encode_matches_torch_cuda(fmt):
     w = fp8.encode(big, fmt)  # with torch <= 2.11 e4m3fn overflow (|x| >= 480) is NaN, as torch's cast gives
     assert_bits_equal(fp8.decode(w, torch.bfloat16).cpu(), w.to(torch.bfloat16).cpu(), nan_bits=False)  # CUDA: 0x7FFF
     assert_bits_equal(fp8.decode(w, torch.bfloat16).cpu(), w.cpu().to(torch.bfloat16))
+
+
+def test_eager_op_wrappers_skip_the_dispatcher_and_compiled_ones_keep_it(monkeypatch):
+    # eager calls on plain tensors run the implementation (no per-call dispatch cost); traced
+    # calls (and fake/subclass tensors) go through the custom op
+    from tritonkit.kernels import fp8_linear as fl
+    calls = []
+    monkeypatch.setattr(fp8, "decode", lambda *a, **kw: calls.append("decode") or torch.zeros(2, 2))
+    monkeypatch.setattr(fl, "linear", lambda *a, **kw: calls.append("linear") or torch.zeros(2, 2))
+    w = torch.zeros(2, 2, dtype=torch.float8_e4m3fn)
+    fp8.decode_op(w, torch.float32)
+    fl.linear_op(torch.zeros(2, 2), w)
+    assert calls == ["decode", "linear"]
+    assert fp8.eager_plain(w)
+    assert not fp8.eager_plain(torch.empty(2, device="meta"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        assert not fp8.eager_plain(torch.empty(2))
