@@ -58,11 +58,11 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import os
-    import triton.testing
+    from tritonkit.kernels import tuning
     os.environ.setdefault("TRITONKIT_CALIBRATION_DIR", tempfile.mkdtemp(prefix="tk-overhead-"))
     A._device_cc = lambda dev: 90
     A.kernel_for = lambda fn, device_type: _Stub()
-    triton.testing.do_bench = lambda fn, **kw: (fn(), 1.0)[1]
+    tuning.time_ms = lambda device, fn: (fn(), 1.0)[1]
     rows = {}
     # SDXL-like and Flux-like heads in both layouts ComfyUI passes (L is irrelevant to the host)
     for name, (B, H, L, D) in {"sdxl_head64": (2, 10, 256, 64), "flux_head128": (1, 24, 256, 128)}.items():

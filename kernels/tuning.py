@@ -30,10 +30,26 @@ from . import calibration
 ENV = "TRITONKIT_AUTOTUNE"
 ENV_OLD = "TRITONKIT_ATTN_AUTOTUNE"
 MAX_COMPILE_THREADS = 8
-# triton.testing.do_bench's ms budgets per candidate, median of the runs: ~25 runs of a 0.3 ms kernel.
-# A first calibration tunes 20-25 keys of 3-7 candidates: at 5/20 ms that is ~4 s of timing alone
-# (by arithmetic: ~30 ms a candidate), at 2/8 ms under 2 s.
-WARMUP, REP = 2, 8
+# A candidate is timed by calibration.cuda_timer: WARMUP_CALLS calls, then the median of REPS
+# calls, each after an L2 flush and queued behind a GPU spin (the GPU's time, not the host's).
+# triton.testing.do_bench (used before) runs rep / estimate calls per candidate: ~150 for a 50 us
+# kernel at an 8 ms budget. A first Flux step on an H100 (@86, profiled 2026-11-23) spent 3.6 s in
+# 130 of them, 18,724 calls, where a handful ranks the candidates.
+WARMUP_CALLS, REPS = 2, 7
+
+
+def time_ms(device: torch.device, fn: Callable) -> float:
+    """Milliseconds of ``fn()`` on ``device``'s GPU (median; tests replace this function)."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            return calibration.cuda_timer(fn, warmup=WARMUP_CALLS, reps=REPS)
+    times = []
+    for i in range(WARMUP_CALLS + REPS):  # CPU (the interpreter): wall clock
+        t0 = time.perf_counter()
+        fn()
+        if i >= WARMUP_CALLS:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
 
 _CACHE: dict = {}            # store key -> chosen candidate (a tuple)
 _LOCK = threading.Lock()
@@ -96,14 +112,13 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
         if cfg in cands:
             _CACHE[key] = cfg
             return cfg
-        import triton.testing
         t0 = time.perf_counter()
         if warm is not None:
             compile_parallel(device, warm, cands)
         best, best_t, best_ms = None, float("inf"), None
         for c in cands:
             try:
-                t = triton.testing.do_bench(lambda: run(c), warmup=WARMUP, rep=REP, return_mode="median")
+                t = time_ms(device, lambda: run(c))
             except Exception:  # noqa: BLE001 - e.g. out of resources for this config on this GPU
                 continue
             ms = t

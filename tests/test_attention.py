@@ -540,7 +540,7 @@ def test_cuda_compiled_model_keeps_the_op():
 
 # ----------------------------------------------------------------------------- auto's variant choice
 # The launcher's choice between kernel variants on a GPU, here on CPU tensors: the arch is faked,
-# the kernels are recorders and do_bench a fake timer that answers per variant. What is checked is
+# the kernels are recorders and tuning's timer a fake that answers per variant. What is checked is
 # the launcher's side: every variant's configs are timed (fp8 P·V with its V pre-pass inside the
 # timed call), fp8 P·V is taken only when it is FP8_PV_MARGIN faster, TMA when it is faster at
 # all, the final launch runs the pick, and a new process reads it from the store without timing.
@@ -560,7 +560,6 @@ class _FakeGPU:
     def __init__(self, monkeypatch, tmp_path, cc, times):
         from tritonkit.kernels import calibration as C
         from tritonkit.kernels import tuning as T
-        import triton.testing
         self.C, self.T, self.log, self.timed, self.times = C, T, [], [], times
         monkeypatch.setenv(C.ENV_DIR, str(tmp_path / "calib"))
         for var in (T.ENV, T.ENV_OLD, A.TMA_ENV):
@@ -577,9 +576,9 @@ class _FakeGPU:
             self.v_quants += 1
             return real_qv(*a)
         monkeypatch.setattr(A, "_quantize_v_fp8", qv)
-        monkeypatch.setattr(triton.testing, "do_bench", self.bench)
+        monkeypatch.setattr(T, "time_ms", self.bench)
 
-    def bench(self, fn, warmup=None, rep=None, return_mode="mean"):
+    def bench(self, device, fn):
         n, q0 = len(self.log), self.v_quants
         fn()
         kw = self.log[-1][1]

@@ -1,4 +1,4 @@
-"""Block-config choice (kernels/tuning.py) on the CPU with a fake do_bench: the fastest candidate
+"""Block-config choice (kernels/tuning.py) on the CPU with a fake timer: the fastest candidate
 is picked and stored, a new process (the in-memory picks cleared) reads it back without timing,
 a stored config that is no candidate any more is timed afresh, every candidate is compiled before
 the timing, in parallel, a candidate that fails is not picked, and timing can be switched off."""
@@ -8,7 +8,6 @@ import threading
 
 import pytest
 import torch
-import triton.testing
 
 from tritonkit.kernels import calibration as C
 from tritonkit.kernels import tuning as T
@@ -30,13 +29,13 @@ def store(tmp_path, monkeypatch):
 
 
 class Bench:
-    """Stands in for triton.testing.do_bench: runs fn once (it records the candidate) and returns
-    that candidate's time."""
+    """Stands in for tuning.time_ms: runs fn once (it records the candidate) and returns that
+    candidate's time."""
 
     def __init__(self, times):
         self.times, self.timed = times, []
 
-    def __call__(self, fn, warmup=None, rep=None, return_mode="mean"):
+    def __call__(self, device, fn):
         fn()
         c = self.current
         self.timed.append(c)
@@ -54,7 +53,7 @@ def runner(bench):
 def test_fastest_is_picked_stored_and_read_back_without_timing(monkeypatch):
     times = {CANDS[0]: 2.0, CANDS[1]: 0.5, CANDS[2]: 1.0}
     bench = Bench(times)
-    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    monkeypatch.setattr(T, "time_ms", bench)
     a0 = C.COUNTERS["autotunes"]
     assert T.pick(CPU, "k|a", CANDS, run=runner(bench)) == CANDS[1]
     assert sorted(bench.timed) == sorted(CANDS) and C.COUNTERS["autotunes"] == a0 + 1
@@ -70,7 +69,7 @@ def test_fastest_is_picked_stored_and_read_back_without_timing(monkeypatch):
 
 def test_a_stored_config_that_is_no_candidate_is_timed_again(monkeypatch):
     bench = Bench({CANDS[0]: 1.0, CANDS[1]: 3.0})
-    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    monkeypatch.setattr(T, "time_ms", bench)
     C.remember(CPU, "k|b", {"config": [1, 2, 3, 4], "ms": 0.1})
     assert T.pick(CPU, "k|b", CANDS[:2], run=runner(bench)) == CANDS[0]
     assert len(bench.timed) == 2 and C.recall(CPU, "k|b")["config"] == list(CANDS[0])
@@ -78,18 +77,18 @@ def test_a_stored_config_that_is_no_candidate_is_timed_again(monkeypatch):
 
 def test_a_failing_candidate_is_never_picked_and_all_failing_gives_the_first(monkeypatch):
     bench = Bench({CANDS[0]: RuntimeError("out of resources"), CANDS[1]: 2.0, CANDS[2]: 1.5})
-    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    monkeypatch.setattr(T, "time_ms", bench)
     assert T.pick(CPU, "k|c", CANDS, run=runner(bench)) == CANDS[2]
     err = RuntimeError("no")
     bench2 = Bench({c: err for c in CANDS})
-    monkeypatch.setattr(triton.testing, "do_bench", bench2)
+    monkeypatch.setattr(T, "time_ms", bench2)
     assert T.pick(CPU, "k|d", CANDS, run=runner(bench2)) == CANDS[0]
     assert C.recall(CPU, "k|d") is None  # nothing measured, nothing stored
 
 
 def test_candidates_compile_in_parallel_before_timing(monkeypatch):
     bench = Bench({CANDS[0]: 1.0, CANDS[1]: 2.0, CANDS[2]: 3.0})
-    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    monkeypatch.setattr(T, "time_ms", bench)
     monkeypatch.setattr(T.os, "cpu_count", lambda: 8)  # CI has 2 cores: a worker per candidate
     warmed, threads, barrier = [], set(), threading.Barrier(len(CANDS), timeout=10)
 
@@ -110,7 +109,7 @@ def test_candidates_compile_in_parallel_before_timing(monkeypatch):
 def test_timing_off_takes_the_first_candidate(monkeypatch, var):
     monkeypatch.setenv(var, "0")
     bench = Bench({c: 1.0 for c in CANDS})
-    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    monkeypatch.setattr(T, "time_ms", bench)
     assert T.pick(CPU, "k|f", CANDS[::-1], run=runner(bench)) == CANDS[2]
     assert bench.timed == [] and C.recall(CPU, "k|f") is None
 
@@ -120,7 +119,7 @@ def test_a_weight_makes_a_less_accurate_candidate_earn_its_pick(monkeypatch):
     slow_exact, fast_approx = (128, 64, 4, 3, 0), (128, 64, 4, 3, 1)
     weight = lambda c: 1.03 if c[4] == 1 else 1.0  # noqa: E731
     bench = Bench({slow_exact: 1.0, fast_approx: 0.98})
-    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    monkeypatch.setattr(T, "time_ms", bench)
     assert T.pick(CPU, "k|w1", [slow_exact, fast_approx], run=runner(bench), weight=weight) == slow_exact
     bench.times[fast_approx] = 0.9
     assert T.pick(CPU, "k|w2", [slow_exact, fast_approx], run=runner(bench), weight=weight) == fast_approx
