@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from . import calibration, tuning
-from .runtime import cdiv, kernel_for, next_pow2
+from .runtime import cdiv, eager_plain, kernel_for, next_pow2
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -1009,12 +1009,10 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
                            mode == "int8", bool(causal), tuple(config) if config is not None else None, out,
                            pv=pv)
     op = _attention_op
-    if type(q) is torch.Tensor and q.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling():
-        # Eager calls on plain tensors run the implementation directly: the custom op is for
-        # torch.compile's graphs (and fake / subclass tensors), and its Python dispatch is per-call
-        # host time that an eager model pays on every attention call. (On CPU it also avoids a
-        # custom-op call running the Triton interpreter inside it, which crashed torch 2.14's
-        # dispatcher intermittently in CI: segfault in OpOverload.__call__.)
+    if eager_plain(q):
+        # Eager calls on plain tensors run the implementation directly (runtime.eager_plain). On
+        # CPU it also avoids a custom-op call running the Triton interpreter inside it, which
+        # crashed torch 2.14's dispatcher intermittently in CI (segfault in OpOverload.__call__).
         op = _attention_impl
     return op(q, k, v, mask, int(heads), bhld, out_bhld,
                          None if scale is None else float(scale), mode == "int8", bool(causal),

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import cdiv, kernel_for, next_pow2
+from .runtime import cdiv, eager_plain, kernel_for, next_pow2
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -482,18 +482,10 @@ def _define_ops():
 _define_ops()
 
 
-def eager_plain(x: torch.Tensor) -> bool:
-    """An eager call (not traced by torch.compile) on a plain CPU / CUDA tensor: the ``*_op``
-    wrappers then call the implementation directly. The custom ops are for compiled graphs (and
-    fake or subclass tensors); their Python dispatch costs ~10 us a call, which an eager model pays
-    on every one of its hundreds of fp8 layers a step."""
-    return type(x) is torch.Tensor and x.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling()
-
-
 def decode_op(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor] = None,
               round_scale: bool = False) -> torch.Tensor:
     """:func:`decode` through the custom op (what model code should call: compile-safe). Eager
-    calls on plain tensors skip the dispatcher (see :func:`eager_plain`)."""
+    calls on plain tensors skip the dispatcher (``runtime.eager_plain``)."""
     if eager_plain(x):
         return decode(x, dtype, scale, round_scale=round_scale)
     return torch.ops.tritonkit.fp8_decode(x, scale, dtype, round_scale)

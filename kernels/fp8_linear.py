@@ -32,9 +32,8 @@ import triton.language as tl
 import triton.runtime.errors
 
 from . import tuning
-from .runtime import cdiv, next_pow2
-from .fp8 import (LAUNCHES, _FMT, _op_exists, OP_NAMESPACE, decode, eager_plain, fp8_bits_to_f32_bits, launchable,
-                  wrapping_int_math)
+from .runtime import cdiv, eager_plain, next_pow2
+from .fp8 import LAUNCHES, _FMT, _op_exists, OP_NAMESPACE, decode, fp8_bits_to_f32_bits, launchable, wrapping_int_math
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
@@ -277,7 +276,7 @@ if not _op_exists("fp8_linear"):
 def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
               scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:func:`linear` through the custom op (compile-safe); eager calls on plain tensors skip the
-    dispatcher (``fp8.eager_plain``)."""
+    dispatcher (``runtime.eager_plain``)."""
     if eager_plain(x):
         return linear(x, weight, bias, scale)
     return torch.ops.tritonkit.fp8_linear(x, weight, bias, scale)

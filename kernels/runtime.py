@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 
+import torch
 import triton
 
 # Tests and CPU-only users can ask for the Triton path on CPU tensors (through the
@@ -76,3 +77,11 @@ def next_pow2(n: int) -> int:
     """The smallest power of two >= n, as triton.next_power_of_2 (which gives 0 for 0)."""
     n = int(n)
     return n if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def eager_plain(x: torch.Tensor) -> bool:
+    """An eager call (not traced by torch.compile) on a plain CPU / CUDA tensor: the kernels'
+    ``*_op`` wrappers then call the implementation directly. The custom ops are for compiled graphs
+    (and fake or subclass tensors); their Python dispatch costs ~10 us a call, which an eager model
+    pays on every attention call and every fp8 layer of a step."""
+    return type(x) is torch.Tensor and x.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling()

@@ -1,8 +1,10 @@
 """kernels/runtime.py's host helpers: the plain cdiv / next_pow2 the launchers use instead of
-Triton's constexpr functions agree with Triton's on every value a launcher passes."""
+Triton's constexpr functions agree with Triton's on every value a launcher passes; eager_plain
+lets only eager calls on plain CPU / CUDA tensors skip the custom ops."""
+import torch
 import triton
 
-from tritonkit.kernels.runtime import cdiv, next_pow2
+from tritonkit.kernels.runtime import cdiv, eager_plain, next_pow2
 
 
 def test_cdiv_and_next_pow2_match_tritons():
@@ -11,3 +13,11 @@ def test_cdiv_and_next_pow2_match_tritons():
         assert next_pow2(n) == triton.next_power_of_2(n), n
         for b in (1, 3, 16, 64, 128, 1000):
             assert cdiv(n, b) == triton.cdiv(n, b), (n, b)
+
+
+def test_eager_plain_is_only_for_plain_eager_tensors():
+    assert eager_plain(torch.zeros(2, dtype=torch.float8_e4m3fn))
+    assert not eager_plain(torch.empty(2, device="meta"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        assert not eager_plain(torch.empty(2))
