@@ -18,11 +18,10 @@ from .triage import classify
 DEFAULT_N = 98_432  # the triton tutorial's size: not a multiple of the block, so the mask is exercised
 
 # One self-test at a time in a process: the node (ComfyUI's execution thread) and the Triton
-# tab's POST /tritonkit/selftest (an executor thread) can start one together, and both what they
-# run is process-wide: native_output points file descriptors 1 and 2 at a file (two overlapping
-# redirections restore each other's file, and the server's log is lost), and the Triton
-# interpreter patches triton.language while a kernel runs ("Did you forget to add @triton.jit?"
-# in the other thread).
+# tab's POST /tritonkit/selftest (an executor thread) can start one together, and native_output
+# points the process' file descriptors 1 and 2 at a file: two overlapping redirections restore
+# each other's file, and the server's log is lost. (The interpreter's own thread-unsafety is
+# handled where kernels are launched: kernels/runtime.INTERPRETER_LOCK.)
 _RUN_LOCK = threading.Lock()
 
 

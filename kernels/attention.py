@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from . import calibration, tuning
-from .runtime import cdiv, eager_plain, kernel_for, next_pow2
+from .runtime import INTERPRETER_LOCK, cdiv, eager_plain, kernel_for, next_pow2
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -602,14 +602,11 @@ def _quantize(x, strides, B, H, L, D, block_d, mult, per_row, block_l, mean=None
     return out, scale
 
 
-_INTERP_LOCK = threading.RLock()
-
-
 class _interpreted_device_calls:
     """While the Triton interpreter runs these kernels on CPU tensors (``runtime.kernel_for``),
     calls from a kernel into ``@triton.jit`` library functions (``tl.zeros``, ``tl.max``, ...) must
     be interpreted too, as they are under ``TRITON_INTERPRET=1``. Patched only for the duration of
-    a CPU launch, under a lock; restored afterwards."""
+    a CPU launch, under the interpreter's lock (runtime.INTERPRETER_LOCK); restored afterwards."""
 
     def __init__(self, device_type):
         self.active = device_type == "cpu" and not _interpreter_global()
@@ -618,7 +615,7 @@ class _interpreted_device_calls:
         if self.active:
             from triton.runtime.interpreter import InterpretedFunction
             from triton.runtime.jit import JITFunction
-            _INTERP_LOCK.acquire()
+            INTERPRETER_LOCK.acquire()
             self._orig = JITFunction.__call__
 
             def _call(jit_self, *args, **kwargs):
@@ -640,7 +637,7 @@ class _interpreted_device_calls:
         if self.active:
             from triton.runtime.jit import JITFunction
             JITFunction.__call__ = self._orig
-            _INTERP_LOCK.release()
+            INTERPRETER_LOCK.release()
 
 
 def _interpreter_global() -> bool:

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import cdiv, eager_plain, kernel_for, next_pow2
+from .runtime import INTERPRETER_LOCK, Serialized, cdiv, eager_plain, kernel_for, next_pow2
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -266,7 +266,8 @@ def _interpreted_with_helpers(jit_fn):
         if isinstance(val, triton.runtime.JITFunction):
             f = val.fn
             g[name] = InterpretedFunction(types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, f.__closure__))
-    return InterpretedFunction(types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__))
+    return Serialized(InterpretedFunction(types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__,
+                                                             fn.__closure__)))
 
 
 @contextlib.contextmanager
@@ -274,20 +275,21 @@ def wrapping_int_math():
     """These kernels rely on uint32 arithmetic wrapping around (lanes that a tl.where then
     discards), which is what compiled Triton does. The interpreter's integer-overflow sanitizer
     would check every integer op in int64 (slow, and it is not a bug here): off while we run."""
-    try:
-        import dataclasses
-        from triton.runtime import interpreter
-        builder = interpreter.interpreter_builder
-        old = builder.options
-        fast = dataclasses.replace(old, sanitize_overflow=False)
-    except Exception:
-        yield
-        return
-    builder.options = fast
-    try:
-        yield
-    finally:
-        builder.options = old
+    with INTERPRETER_LOCK:  # the builder's options are process-wide, like the interpreter
+        try:
+            import dataclasses
+            from triton.runtime import interpreter
+            builder = interpreter.interpreter_builder
+            old = builder.options
+            fast = dataclasses.replace(old, sanitize_overflow=False)
+        except Exception:
+            yield
+            return
+        builder.options = fast
+        try:
+            yield
+        finally:
+            builder.options = old
 
 
 def launchable(jit_fn, device_type: str):

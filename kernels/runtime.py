@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 
 import torch
 import triton
@@ -41,6 +42,28 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# The Triton interpreter is not thread-safe: while it runs a kernel it patches triton.language,
+# and a launch from another thread meanwhile fails ("Did you forget to add @triton.jit?"; the
+# self-test node and the Triton tab's self-test route ran together in CI). Every interpreted
+# launch holds this lock (re-entrant: callers that patch more around a launch hold it too).
+INTERPRETER_LOCK = threading.RLock()
+
+
+class Serialized:
+    """An interpreted kernel whose launches (``kernel[grid](...)``) hold INTERPRETER_LOCK."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        launch = self.fn[grid]
+
+        def locked(*args, **kwargs):
+            with INTERPRETER_LOCK:
+                return launch(*args, **kwargs)
+        return locked
+
+
 @functools.lru_cache(maxsize=None)
 def _interpreted(jit_fn):
     from triton.runtime.interpreter import InterpretedFunction
@@ -49,7 +72,7 @@ def _interpreted(jit_fn):
     fn = jit_fn
     while not hasattr(fn, "fn") or hasattr(fn.fn, "fn"):
         fn = fn.fn
-    return InterpretedFunction(fn.fn)
+    return Serialized(InterpretedFunction(fn.fn))
 
 
 def kernel_for(jit_fn, device_type: str):
