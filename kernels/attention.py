@@ -512,11 +512,6 @@ def pv_modes_for(pv: str, cc: int | None, int8: bool) -> tuple:
     return (2,)
 
 
-def pv_mode_for(pv: str, cc: int | None, int8: bool) -> int:
-    """The default (untimed) PV_MODE of :func:`pv_modes_for`."""
-    return pv_modes_for(pv, cc, int8)[0]
-
-
 def int8_supported(cc: int | None) -> bool:
     """int8 Q·Kᵀ: CPU interpreter and sm80+. Turing's int8 mma lowering is not trusted (Triton
     3.3+ miscompiles it, SageAttention #197), so 8-bit falls back to exact there."""
@@ -865,7 +860,7 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
             if tma_view is None:
                 variants = (TMA_OFF,)  # K / V do not fold into 16-byte-aligned 2-D views
     fp8_v = []  # the fp8 V copy the compile warm-ups share (timed runs make their own)
-    fp8_v_lock = threading.Lock()
+    fp8_v_lock = threading.Lock() if int8 and 1 in variants else None
 
     def v_operand(pv_mode, fresh):
         if pv_mode != 1:

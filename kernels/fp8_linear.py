@@ -164,13 +164,16 @@ def _launch_cuda(args, consts, M, N, K, device):
         cc[0], cc[1], bucket, N, K, "|".join(f"{k}{v}" for k, v in sorted(consts.items())))
     cands = _configs_for_bucket(bucket)
     cfg = tuning.pick(device, key, cands, run=launch, warm=lambda c: launch(c, warmup=True))
-    order = [cfg] + [c for c in cands if c != cfg]  # untimed (TRITONKIT_AUTOTUNE=0): the first that fits
-    for i, c in enumerate(order):
-        try:
-            return launch(c)
-        except triton.runtime.errors.OutOfResources:
-            if i == len(order) - 1:
-                raise
+    try:
+        return launch(cfg)
+    except triton.runtime.errors.OutOfResources as too_big:
+        for c in cands:  # untimed (TRITONKIT_AUTOTUNE=0): the first that fits this GPU
+            if c != cfg:
+                try:
+                    return launch(c)
+                except triton.runtime.errors.OutOfResources:
+                    continue
+        raise too_big
 
 
 def _cpu_blocks(M, N, K):

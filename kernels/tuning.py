@@ -30,27 +30,6 @@ from . import calibration
 ENV = "TRITONKIT_AUTOTUNE"
 ENV_OLD = "TRITONKIT_ATTN_AUTOTUNE"
 MAX_COMPILE_THREADS = 8
-# A candidate is timed by calibration.cuda_timer: WARMUP_CALLS calls, then the median of REPS
-# calls, each after an L2 flush and queued behind a GPU spin (the GPU's time, not the host's).
-# triton.testing.do_bench (used before) runs rep / estimate calls per candidate: ~150 for a 50 us
-# kernel at an 8 ms budget. A first Flux step on an H100 (@86, profiled 2026-11-23) spent 3.6 s in
-# 130 of them, 18,724 calls, where a handful ranks the candidates.
-WARMUP_CALLS, REPS = 2, 7
-
-
-def time_ms(device: torch.device, fn: Callable) -> float:
-    """Milliseconds of ``fn()`` on ``device``'s GPU (median; tests replace this function)."""
-    if device.type == "cuda":
-        with torch.cuda.device(device):
-            return calibration.cuda_timer(fn, warmup=WARMUP_CALLS, reps=REPS)
-    times = []
-    for i in range(WARMUP_CALLS + REPS):  # CPU (the interpreter): wall clock
-        t0 = time.perf_counter()
-        fn()
-        if i >= WARMUP_CALLS:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
-
 _CACHE: dict = {}            # store key -> chosen candidate (a tuple)
 _LOCK = threading.Lock()
 
@@ -65,6 +44,25 @@ def enabled() -> bool:
 def cache() -> dict:
     """The picks of this process: store key -> candidate."""
     return _CACHE
+
+
+# A candidate is timed like a calibration candidate (calibration.cuda_timer: its warm-ups, the
+# median of its repetitions, each after an L2 flush and queued behind a GPU spin). Before,
+# triton.testing.do_bench ran rep / estimate calls per candidate: ~150 for a 50 us kernel at an
+# 8 ms budget; a first Flux step on an H100 (@86, profiled 2026-11-23) spent 3.6 s in 130 of them
+# (18,724 calls), where a handful ranks the candidates.
+def time_ms(device: torch.device, fn: Callable) -> float:
+    """Milliseconds of ``fn()`` on ``device`` (median; tests replace this function)."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            return calibration.cuda_timer(fn)
+    times = []
+    for i in range(calibration.WARMUP + calibration.REPS):  # CPU (the interpreter): wall clock
+        t0 = time.perf_counter()
+        fn()
+        if i >= calibration.WARMUP:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
 
 
 def compile_parallel(device: torch.device, warm: Callable, cands: Sequence) -> None:

@@ -212,7 +212,7 @@ def test_pv_argument_checks():
     assert A.pv_modes_for("fp8", 90, True) == (1,) and A.pv_modes_for("half", 120, True) == (0,)
     assert A.pv_modes_for("auto", 86, True) == (0,) and A.pv_modes_for("auto", None, True) == (0,)
     assert A.pv_modes_for("auto", 90, False) == (0,) and A.pv_modes_for("f16acc", 86, True) == (2,)
-    assert A.pv_mode_for("auto", 89, True) == 1 and A.pv_mode_for("auto", 90, True) == 0
+    assert A.pv_modes_for("auto", 89, True)[0] == 1 and A.pv_modes_for("auto", 90, True)[0] == 0
 
 
 @pytest.mark.parametrize("env, cc, dtype, want", [
