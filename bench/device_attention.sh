@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The attention benchmark and the attention GPU tests on a GPU machine, in one call. Prepare here
+# The attention benchmark and the kernels' GPU tests on a GPU machine, in one call. Prepare here
 # first: `bash bench/device_workflow.sh --prepare` (writes .device/whl-ck with comfy-kitchen 0.2.40
 # and .device/whl with sageattention 1.0.6), then carry .device/whl-attn made by
 #   mkdir -p .device/whl-attn && cp .device/whl/sageattention-*.whl .device/whl-ck/*.whl .device/whl-attn/
@@ -20,6 +20,7 @@ if [ "${TESTS_S:-170}" != 0 ]; then
   t0=$(date +%s)
   # the summary goes to a file of its own: a long bench log must not push it out of the output that returns
   timeout "${TESTS_S:-170}" python3 -m pytest -q -m gpu tests/test_attention.py tests/test_calibration.py \
+    tests/test_fp8.py tests/test_fp8_linear.py tests/test_vector_add.py \
     -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
   echo "gpu tests rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/gpu_tests.txt")"
 fi
