@@ -40,6 +40,7 @@ if "tritonkit" not in sys.modules:
     _pkg.__path__ = [str(REPO)]
     sys.modules["tritonkit"] = _pkg
 from tritonkit.kernels import attention as A  # noqa: E402
+from tritonkit.kernels import calibration as C  # noqa: E402
 
 SHAPES = {
     "sdxl": (2, 10, 4096, 64),
@@ -197,7 +198,13 @@ def main():
     ap.add_argument("--warm-s", type=float, default=3.0,
                     help="seconds of bf16 matmuls before the first shape, so that the clocks have settled "
                          "(the first shape of a cold GPU read 136-347 TFLOPS across rounds on an H100)")
+    ap.add_argument("--calibration-dir", default=None,
+                    help="where `auto` stores its timed picks (default: a new empty folder, so this run times "
+                         "them on these shapes instead of reading picks another process made on other shapes)")
     args = ap.parse_args()
+    import os
+    import tempfile
+    os.environ[C.ENV_DIR] = args.calibration_dir or tempfile.mkdtemp(prefix="tk_attn_bench_cal_")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     dev = torch.cuda.get_device_name()
     import importlib.metadata as md
@@ -209,7 +216,7 @@ def main():
             vers[dist] = "not installed"
     env = {"device": dev, "cc": A._device_cc(torch.device("cuda")), "torch": torch.__version__,
            "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(), **vers,
-           "dtype": str(dtype)}
+           "dtype": str(dtype), "calibration_dir": os.environ[C.ENV_DIR]}
     print(json.dumps(env))
     warm_gpu(args.warm_s)
     sage_fn, sage_err = sage()

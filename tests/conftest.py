@@ -120,6 +120,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def _gpu_calibration_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("gpu-calibration")
+
+
+@pytest.fixture(autouse=True)
+def _gpu_tests_keep_their_calibration(request, monkeypatch):
+    """GPU tests time and store choices (attention configs tuned on 2 heads...): into the test
+    session's own folder, never the user's calibration store, where a bench or ComfyUI would
+    then read them as this GPU's picks."""
+    if "gpu" in request.node.keywords and not os.environ.get("TRITONKIT_CALIBRATION_DIR"):
+        monkeypatch.setenv("TRITONKIT_CALIBRATION_DIR", str(request.getfixturevalue("_gpu_calibration_dir")))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     # read by comfy_harness.ComfyServer: a server started for an unmarked test is refused
