@@ -486,13 +486,16 @@ def test_cuda_8bit_variants_meet_the_accuracy_goal(shape, kind, pv, poison):
     if fp8 and B * H * L <= 40000:
         # the fp8 kernel computes what the emulation computes (up to fp32 summation order and the
         # MMA's accumulator precision), for the same key block: K's int8 scales and P's fp8 rounding
-        # depend on it (the timed pick above may use 64 or 128 keys a block)
+        # depend on it (the timed pick above may use 64 or 128 keys a block). Not bit-exact: where
+        # the GPU's exp2 and torch's differ next to an e4m3 rounding boundary, P rounds one step
+        # (12.5 %) apart. Measured: 0.0050 at head 256, 1000 keys, on both an H100 and an H200; the
+        # variant's own error against float64 is ~0.04, a wrong scale or block gives ≥ 0.02.
         for bn in (64, 128):
             out = poison(torch.empty_like(q))
             A.attention(q, k, v, layout="bhld", mode="int8", pv=pv, out=out, config=(64, bn, 4, 1))
             emu = A.attention_8bit_emulated(q.cpu(), k.cpu(), v.cpu(), block_n=bn).to(out.device)
             err = ((out.double() - emu.double()).norm() / emu.double().norm()).item()
-            assert err < 5e-3, (bn, err)
+            assert err < 1e-2, (bn, err)
 
 
 @pytest.mark.gpu

@@ -124,3 +124,29 @@ def test_a_weight_makes_a_less_accurate_candidate_earn_its_pick(monkeypatch):
     bench.times[fast_approx] = 0.9
     assert T.pick(CPU, "k|w2", [slow_exact, fast_approx], run=runner(bench), weight=weight) == fast_approx
     assert C.recall(CPU, "k|w2")["config"] == list(fast_approx)
+
+
+class NoisyBench(Bench):
+    """Each candidate's timings in turn (the last one repeats)."""
+
+    def __call__(self, device, fn):
+        fn()
+        c = self.current
+        self.timed.append(c)
+        seq = self.times[c]
+        return seq[min(self.timed.count(c), len(seq)) - 1]
+
+
+def test_close_candidates_are_timed_again_interleaved(monkeypatch):
+    lucky, steady, slow = CANDS
+    # lucky's first timing is an outlier; its later ones are slower than steady's
+    bench = NoisyBench({lucky: [0.9, 1.2, 1.2, 1.2], steady: [1.0], slow: [2.0]})
+    monkeypatch.setattr(T, "time_ms", bench)
+    assert T.pick(CPU, "k|p1", CANDS, run=runner(bench)) == steady
+    assert bench.timed[:3] == list(CANDS)
+    assert bench.timed[3:] == [lucky, steady] * T.PLAYOFF_ROUNDS  # the best two, A B A B
+    assert C.recall(CPU, "k|p1") == {"config": list(steady), "ms": 1.0}
+    # a runner-up further than PLAYOFF_WITHIN behind: one timing each
+    far = NoisyBench({lucky: [1.0], steady: [1.0 * T.PLAYOFF_WITHIN * 1.01], slow: [3.0]})
+    monkeypatch.setattr(T, "time_ms", far)
+    assert T.pick(CPU, "k|p2", CANDS, run=runner(far)) == lucky and len(far.timed) == 3
