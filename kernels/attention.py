@@ -801,7 +801,7 @@ def _tma_view(k4, v4, B, Hk, Lk, D, bhld):
     return views[0][0], views[1][0], views[0][1]
 
 
-def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None, out=None, pv="auto"):
+def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None, out=None, pv="auto", arch=0):
     dev = q.device
     q4, B, H, Lq, D, sq = _split(q, heads, bhld)
     hk_guess = heads if bhld else (k.shape[-1] // D if D else heads)
@@ -812,6 +812,8 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head size {D} > {MAX_HEAD_DIM}")
     cc = _device_cc(dev)
+    if arch and cc is not None:
+        cc = min(cc, int(arch))  # the features and block configs of an older GPU (TRITONKIT_FORCE_ARCH)
     pv_modes = pv_modes_for(pv, cc, int8)
     if int8 and not int8_supported(cc):
         raise ValueError(f"int8 attention needs sm80+ (got sm{cc})")
@@ -950,14 +952,14 @@ def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None,
 def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                     heads: int, bhld: bool, out_bhld: bool, scale: float | None, int8: bool,
                     causal: bool, block_m: int, block_n: int, num_warps: int, num_stages: int,
-                    pv: str = "auto") -> torch.Tensor:
+                    pv: str = "auto", arch: int = 0) -> torch.Tensor:
     cfg = (block_m, block_n, num_warps, num_stages) if block_m > 0 else None
     with _interpreted_device_calls(q.device.type):
-        return _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg, pv=pv)
+        return _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg, pv=pv, arch=arch)
 
 
 def _attention_fake(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, block_m, block_n, num_warps,
-                    num_stages, pv="auto"):
+                    num_stages, pv="auto", arch=0):
     if bhld:
         B, H, Lq, D = q.shape
     else:
@@ -976,7 +978,7 @@ except Exception:  # noqa: BLE001 - e.g. a torch that refuses a second registrat
 
 def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bld", out_layout: str | None = None,
               scale: float | None = None, mode: str = "exact", causal: bool = False, config=None, out=None,
-              pv: str = "auto"):
+              pv: str = "auto", arch: int | None = None):
     """Softmax attention of q, k, v.
 
     layout "bld": (B, L, H·D) with ``heads`` = H (k/v may have fewer heads: GQA);
@@ -987,7 +989,10 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
     bypasses the custom op; tests poison it first). pv (8-bit mode's P·V): "auto" (fp8 e4m3 or the
     input dtype, whichever times faster on a GPU with fp8 MMA, sm89+: :func:`pv_modes_for`),
     "half" (input dtype), "fp8", or "f16acc"
-    (opt-in: fp16 operands, fp16 accumulation within each key block; for GeForce Ampere/Ada)."""
+    (opt-in: fp16 operands, fp16 accumulation within each key block; for GeForce Ampere/Ada).
+    arch: a compute capability (86 for sm86) whose features and block configs the call keeps to
+    (fp8 P·V from sm89, TMA from sm90), never above the device's own; None = the device's. The
+    node passes TRITONKIT_FORCE_ARCH's, so a simulated RTX 3090 runs what an RTX 3090 would."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
     bhld = layout == "bhld"
@@ -1003,7 +1008,7 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
         with _interpreted_device_calls(q.device.type):
             return _launch(q, k, v, mask, int(heads), bhld, out_bhld, None if scale is None else float(scale),
                            mode == "int8", bool(causal), tuple(config) if config is not None else None, out,
-                           pv=pv)
+                           pv=pv, arch=int(arch or 0))
     op = _attention_op
     if eager_plain(q):
         # Eager calls on plain tensors run the implementation directly (runtime.eager_plain). On
@@ -1012,7 +1017,7 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
         op = _attention_impl
     return op(q, k, v, mask, int(heads), bhld, out_bhld,
                          None if scale is None else float(scale), mode == "int8", bool(causal),
-                         bm, bn, nw, ns, pv)
+                         bm, bn, nw, ns, pv, int(arch or 0))
 
 
 # ----------------------------------------------------------------------------- reference

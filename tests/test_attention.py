@@ -653,3 +653,20 @@ def test_no_tma_candidates_without_tensor_descriptors(monkeypatch):
     monkeypatch.delenv(A.TMA_ENV, raising=False)
     monkeypatch.setattr(A, "tensor_descriptors_available", lambda: False)  # Triton < 3.4
     assert A.tma_variants_for(90, torch.bfloat16) == (0,)
+
+
+def test_a_forced_older_arch_keeps_to_its_features(monkeypatch, tmp_path):
+    # an H100 simulating an RTX 3090 (the node passes TRITONKIT_FORCE_ARCH's arch): no fp8 P·V,
+    # no TMA, sm86's block configs; a higher arch than the device's changes nothing
+    gpu = _FakeGPU(monkeypatch, tmp_path, 90, {0: 1.0, 1: 0.5})
+    q, k, v = _qkv8()
+    A._launch(q, k, v, None, 2, True, True, None, True, False, arch=86)
+    assert {t[2] for t in gpu.timed} == {0} and gpu.log[-1][1]["PV_MODE"] == 0
+    assert all(k.split("|")[1] == "86" for k in A.tune_cache())
+    assert {t[:2] for t in gpu.timed} <= {tuple(c[:2]) for c in A.candidates(86, 64, 2, True)}
+    gpu.timed.clear()
+    A._launch(q, k, v, None, 2, True, True, None, False, False, arch=86)
+    assert {t[2] for t in gpu.timed} == {A.TMA_OFF} and not gpu.log[-1][1]["USE_TMA"]
+    gpu.new_process()
+    A._launch(q, k, v, None, 2, True, True, None, True, False, arch=100)
+    assert {t[2] for t in gpu.timed} == {0, 1} and gpu.log[-1][1]["PV_MODE"] == 1

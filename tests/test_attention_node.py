@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import math
+import types
 
 import pytest
+
 import torch
 
 from tritonkit.nodes import attention as N
@@ -167,6 +169,18 @@ def test_auto_keeps_sdpa_where_it_measured_faster(monkeypatch):
     monkeypatch.setenv(FORCE, "1")
     b = N._bind((torch.zeros(1, 2, 64, 40, dtype=torch.float16),) * 3 + (2,), {"skip_reshape": True})
     assert N.plan("auto", b, True, "attention_pytorch") == ("exact", None)
+
+
+def test_the_kernel_call_keeps_to_the_forced_arch(monkeypatch):
+    # a simulated RTX 3090 (TRITONKIT_FORCE_ARCH=86 on an H100) must not run fp8 P·V or TMA
+    seen = {}
+    monkeypatch.setattr(N.A, "attention", lambda *a, **kw: seen.update(kw))
+    monkeypatch.setenv(N.ARCH_ENV, "86")
+    q = types.SimpleNamespace(device=torch.device("cuda", 0))
+    N.run_attention("int8", {"q": q, "k": q, "v": q, "heads": 2})
+    assert seen["arch"] == 86 and seen["mode"] == "int8"
+    N.run_attention("exact", {"q": types.SimpleNamespace(device=torch.device("cpu")), "k": q, "v": q, "heads": 2})
+    assert seen["arch"] is None
 
 
 def test_kernel_error_falls_back(monkeypatch):
