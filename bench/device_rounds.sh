@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Issue 12's measurements in one GPU call, each part bounded in seconds (0 or unset skips it):
+#   TESTS_S  the kernels' GPU tests, verbose, to $OUT/gpu_tests.txt (TESTS_FILES / TESTS_K narrow them)
+#   FLUX_S   Flux scaled-fp8 eager rounds, @86 / @89 / native, default against both nodes (3 rounds, 6 steps)
+#   BENCH_S  bench/attention.py (3 interleaved rounds)
+#   HUN_S    HunyuanVideo scaled-fp8 eager rounds, @86 / native (2 rounds, 3 steps)
+# The workflows run on ComfyUI 0.8.0 with a cold calibration (one folder for the whole call).
+# Prepare here: `bash bench/device_workflow.sh --prepare`, then carry .device/whl and
+# .device/comfyui-0.8.0.tar.gz (and .device/whl-attn for comfy-kitchen 0.2.40 in the attention bench, if the
+# 64 MiB a call carries allow). On the GPU machine, from the repository root:
+#   TESTS_S=200 FLUX_S=150 BENCH_S=120 HUN_S=230 bash bench/device_rounds.sh
+set -o pipefail
+cd "$(dirname "$0")/.."
+O="${OUT:-artifacts/rounds}"
+mkdir -p "$O"
+CAL="${CAL_DIR:-/tmp/tk_cal_rounds}"
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/tk_triton}"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ "${TESTS_S:-0}" != 0 ]; then
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout "$TESTS_S" python3 -m pytest -v -m gpu ${TESTS_FILES:-tests/test_attention.py tests/test_calibration.py \
+    tests/test_fp8.py tests/test_fp8_linear.py tests/test_vector_add.py} ${TESTS_K:+-k "$TESTS_K"} \
+    -p no:cacheprovider --tb=short -rf --durations=12 > "$O/gpu_tests.txt" 2>&1
+  echo "gpu tests rc=$? in $(( $(date +%s) - t0 )) s"
+  grep -E 'FAILED|ERROR' "$O/gpu_tests.txt" | grep -v '^kernel:' | cut -c1-300 | head -20
+  grep -E 'passed|failed' "$O/gpu_tests.txt" | tail -1
+fi
+runs_table() {  # the rounds' summary, then each run's s/step, × default, first step and cosine
+  sed -n '/^| configuration/,/^$/p' "$1" 2>/dev/null
+  sed -n '/^| run /,/^$/p' "$1" 2>/dev/null | cut -d'|' -f2,7,8,10,14 | head -24
+}
+if [ "${FLUX_S:-0}" != 0 ]; then
+  OUT="$O/flux" timeout "$FLUX_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-scaled --steps 6 \
+    --rounds 3 --budget-s $(( FLUX_S - 10 )) --calibration-dir "$CAL" \
+    --plan flux-scaled:default@86,flux-scaled:both@86,flux-scaled:default@89,flux-scaled:both@89,flux-scaled:default,flux-scaled:both \
+    > "$O/flux.log" 2>&1
+  echo "flux rc=$?"; rm -rf /tmp/tk_models/flux*
+  runs_table "$O/flux/workflow.md"
+fi
+if [ "${BENCH_S:-0}" != 0 ]; then
+  # shellcheck disable=SC2046
+  python3 -m pip install -q --no-deps $(ls .device/whl/sageattention-*.whl .device/whl-attn/*.whl 2>/dev/null) 2>&1 | tail -1
+  t0=$(date +%s)
+  timeout "$BENCH_S" python3 bench/attention.py --rep 40 --rounds 3 --json "$O/attention.json" > "$O/attention.txt" 2>&1
+  echo "bench rc=$? in $(( $(date +%s) - t0 )) s"
+  sed -n '/^| shape/,/^$/p' "$O/attention.txt" | cut -c1-1600
+fi
+if [ "${HUN_S:-0}" != 0 ]; then
+  OUT="$O/hun" timeout "$HUN_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-hunyuan-scaled --steps 3 \
+    --rounds 2 --budget-s $(( HUN_S - 10 )) --calibration-dir "$CAL" \
+    --plan hunyuan-scaled:default@86,hunyuan-scaled:both@86,hunyuan-scaled:default,hunyuan-scaled:both \
+    > "$O/hun.log" 2>&1
+  echo "hun rc=$?"
+  runs_table "$O/hun/workflow.md"
+fi
+rm -f "$O"/*/nvidia-smi.txt "$O"/*/log.txt
