@@ -17,9 +17,10 @@ runs and restarts read the choice and time nothing.
   A device that can't be timed (CPU, the Triton interpreter) uses the default too.
 * Under ``torch.compile`` tracing nothing is timed: :func:`choose` returns the stored choice or
   the default (the nodes make the first call of a compiled model eager so it gets calibrated).
-* Timing: CUDA events, a few warm-ups, the median of several repetitions, each call queued
-  behind a GPU spin so that the GPU's time is measured, not the host's latency in issuing the
-  call (:func:`cuda_timer`); tests inject a fake timer with :func:`set_timer`.
+* Timing: CUDA events, a few warm-ups, the median of several repetitions taken in interleaved
+  rounds over the candidates, each call queued behind a GPU spin so that the GPU's time is
+  measured, not the host's latency in issuing the call (:func:`cuda_timer_interleaved`); tests
+  inject a fake timer with :func:`set_timer`.
 
 This module knows nothing of ComfyUI: the nodes install a progress-bar factory
 (:func:`set_progress_factory`) and the folder (:func:`set_base_dir`).
@@ -314,37 +315,74 @@ def _sleep_cycles_per_ms(dev: int) -> Optional[float]:
 
 
 def cuda_timer(fn: Callable, warmup: int = WARMUP, reps: int = REPS) -> float:
-    """Median milliseconds the GPU spends on ``fn()``, measured with CUDA events after ``warmup``
-    calls, the L2 cache flushed before each timed call.
+    """Median milliseconds the GPU spends on ``fn()`` (:func:`cuda_timer_interleaved` with one
+    candidate)."""
+    res = cuda_timer_interleaved({"fn": fn}, warmup, reps)["fn"]
+    if isinstance(res, Exception):
+        raise res
+    return res
+
+
+def cuda_timer_interleaved(fns: dict, warmup: int = WARMUP, reps: int = REPS,
+                           on_warm: Optional[Callable] = None) -> dict:
+    """Median milliseconds the GPU spends on each ``fns[name]()``, or the exception it raised:
+    each is warmed ``warmup`` times (``on_warm(name)`` after that), then the candidates are timed
+    in ``reps`` interleaved rounds (A B C A B C ...) with CUDA events, the L2 cache flushed before
+    each timed call.
+
+    Interleaved, so that a GPU whose clocks drift while it works (a long calibration heats it)
+    gives every candidate the same share of fast and slow moments: timed one after the other, the
+    last candidates ran on the warmest GPU.
 
     The GPU's time, not the host's latency in issuing the call: before each timed call the GPU
     is given a spin kernel (``torch.cuda._sleep``) about twice as long as the host took to issue
-    one call, so every kernel of ``fn`` is queued before the start event is reached. Inside a
+    that call, so every kernel of it is queued before the start event is reached. Inside a
     model the GPU has the previous layers' work queued the same way, and a path's per-call Python
     is hidden behind it. (Timing from an idle GPU counted that Python: 0.2-0.5 ms of it made our
     attention kernels time 0.19-0.86 ms where the kernel alone takes ~0.35 ms, and ComfyUI's SDPA,
     one C++ call, won picks it loses inside the model.)"""
-    host = []
-    for _ in range(max(1, warmup)):
-        t0 = time.perf_counter()
-        fn()
-        host.append(time.perf_counter() - t0)
-        torch.cuda.synchronize()
+    out: dict = {}
+    host: dict = {}
+    for name, fn in fns.items():
+        try:
+            ts = []
+            for _ in range(max(1, warmup)):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+                torch.cuda.synchronize()
+            host[name] = min(ts)
+        except Exception as e:  # noqa: BLE001 - the caller decides what a failing candidate means
+            out[name] = e
+        if on_warm is not None:
+            on_warm(name)
+    if not host:
+        return out
     flush = _l2_flush_buffer()
     rate = _sleep_cycles_per_ms(torch.cuda.current_device())
-    lead = int(min(LEAD_MAX_MS, 2e3 * min(host) + 0.05) * rate) if rate else 0
-    times = []
+    lead = {n: int(min(LEAD_MAX_MS, 2e3 * h + 0.05) * rate) if rate else 0 for n, h in host.items()}
+    times: dict = {n: [] for n in host}
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        flush.zero_()
-        if lead:
-            torch.cuda._sleep(lead)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        for name in host:
+            if name in out:
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flush.zero_()
+            if lead[name]:
+                torch.cuda._sleep(lead[name])
+            try:
+                start.record()
+                fns[name]()
+                end.record()
+                end.synchronize()
+            except Exception as e:  # noqa: BLE001
+                out[name] = e
+                continue
+            times[name].append(start.elapsed_time(end))
+    for name, ts in times.items():
+        if name not in out:
+            out[name] = statistics.median(ts)
+    return out
 
 
 def _interpreter() -> bool:
@@ -437,16 +475,26 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         if hit in candidates:
             return hit
         bar = _progress_factory(len(candidates)) if _progress_factory is not None else None
+        step = (lambda name: bar.update(1)) if bar is not None else None  # noqa: E731
         timings, errors = {}, {}
         t0 = time.perf_counter()
-        for name, fn in candidates.items():
-            try:
-                timings[name] = float(_timer(name, fn) if _timer is not None else cuda_timer(fn))
+        if _timer is not None:
+            results = {}
+            for name, fn in candidates.items():
+                try:
+                    results[name] = _timer(name, fn)
+                except Exception as e:  # noqa: BLE001
+                    results[name] = e
+                if step is not None:
+                    step(name)
+        else:
+            results = cuda_timer_interleaved(candidates, on_warm=step)
+        for name, res in results.items():
+            if isinstance(res, Exception):  # a path that fails here is simply not chosen
+                errors[name] = f"{type(res).__name__}: {str(res).splitlines()[0][:160] if str(res) else ''}"
+            else:
+                timings[name] = float(res)
                 COUNTERS["timed_runs"] += 1
-            except Exception as e:  # noqa: BLE001 - a path that fails here is simply not chosen
-                errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-            if bar is not None:
-                bar.update(1)
         choice = pick_fastest(timings, default, prefer)
         entry = {"choice": choice, "default": default, "timings_ms": {k: round(v, 5) for k, v in timings.items()},
                  "what": what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -17,6 +17,7 @@ candidate without timing.
 """
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import threading
@@ -47,8 +48,9 @@ def cache() -> dict:
     return _CACHE
 
 
-# A candidate is timed like a calibration candidate (calibration.cuda_timer: its warm-ups, the
-# median of its repetitions, each after an L2 flush and queued behind a GPU spin). Before,
+# Candidates are timed like calibration candidates (calibration.cuda_timer_interleaved: warm-ups,
+# then the median of repetitions taken in interleaved rounds, each after an L2 flush and queued
+# behind a GPU spin). Before,
 # triton.testing.do_bench ran rep / estimate calls per candidate: ~150 for a 50 us kernel at an
 # 8 ms budget; a first Flux step on an H100 (@86, profiled 2026-11-23) spent 3.6 s in 130 of them
 # (18,724 calls), where a handful ranks the candidates.
@@ -64,6 +66,23 @@ def time_ms(device: torch.device, fn: Callable) -> float:
         if i >= calibration.WARMUP:
             times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def time_all(device: torch.device, fns: dict) -> dict:
+    """Milliseconds of each ``fns[key]()`` on ``device``, or the exception it raised: on a GPU the
+    candidates are timed in interleaved rounds (calibration.cuda_timer_interleaved: a GPU whose
+    clocks drift during the tuning gives each candidate the same share), elsewhere one after the
+    other with :func:`time_ms`."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            return calibration.cuda_timer_interleaved(fns)
+    out = {}
+    for k, fn in fns.items():
+        try:
+            out[k] = time_ms(device, fn)
+        except Exception as e:  # noqa: BLE001 - e.g. out of resources for this config on this GPU
+            out[k] = e
+    return out
 
 
 def compile_parallel(device: torch.device, warm: Callable, cands: Sequence) -> None:
@@ -114,12 +133,8 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
         t0 = time.perf_counter()
         if warm is not None:
             compile_parallel(device, warm, cands)
-        ms = {}  # candidate -> its timings
-        for c in cands:
-            try:
-                ms[c] = [time_ms(device, lambda: run(c))]
-            except Exception:  # noqa: BLE001 - e.g. out of resources for this config on this GPU
-                continue
+        timed = time_all(device, {c: functools.partial(run, c) for c in cands})
+        ms = {c: [t] for c, t in timed.items() if not isinstance(t, Exception)}  # candidate -> its timings
         _playoff(device, ms, run, weight)
         best, best_ms = _fastest(ms, weight)
         best = best or cands[0]

@@ -499,3 +499,48 @@ def test_cuda_timer_measures_the_gpu_not_the_hosts_latency():
     assert 0 < ms < 0.5, ms
     big = torch.randn(4096, 4096, device="cuda")
     assert C.cuda_timer(lambda: big @ big) > 0.01  # real GPU work still counts
+
+
+class _FakeEvent:
+    """torch.cuda.Event on the host clock, for the timer's logic on a CPU-only machine."""
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self):
+        import time as _time
+        self.t = _time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def test_interleaved_timer_rounds_and_failures(monkeypatch):
+    # the GPU timer's logic with CUDA's pieces stood in for: every candidate warmed first, then the
+    # timed calls in rounds A B C A B C; a candidate that raises is reported, the others timed
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(C, "_l2_flush_buffer", lambda: torch.empty(16))
+    monkeypatch.setattr(C, "_sleep_cycles_per_ms", lambda dev: None)
+    calls, warmed = [], []
+    boom = RuntimeError("out of resources")
+
+    def cand(name, fail_at=None):
+        def fn():
+            calls.append(name)
+            if fail_at is not None and calls.count(name) == fail_at:
+                raise boom
+        return fn
+    fns = {"a": cand("a"), "b": cand("b"), "w": cand("w", fail_at=1), "t": cand("t", fail_at=3)}
+    res = C.cuda_timer_interleaved(fns, warmup=2, reps=3, on_warm=warmed.append)
+    assert warmed == ["a", "b", "w", "t"]
+    assert calls[:7] == ["a", "a", "b", "b", "w", "t", "t"]   # warm-ups (w failed in its first)
+    assert calls[7:] == ["a", "b", "t", "a", "b", "a", "b"]    # rounds; t raised in its first timed call
+    assert res["w"] is boom and res["t"] is boom
+    assert all(isinstance(res[n], float) and res[n] >= 0 for n in "ab")
+    assert C.cuda_timer(cand("x"), warmup=1, reps=3) >= 0
+    with pytest.raises(RuntimeError):
+        C.cuda_timer(cand("y", fail_at=1))
