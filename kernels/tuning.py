@@ -146,43 +146,39 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
         return best
 
 
-# One timing per candidate ranks them, but two close ones can swap from one timing to the next. On
-# an H100 whose cuDNN timings spread 554-688 TFLOPS on one shape (2026-11-23), the 8-bit kernel's
-# single timings kept its 16-bit P·V variant at HunyuanVideo's shape, where the interleaved bench
-# measured the fp8 one 13 % faster (noise is the likely cause, not established). So when the
-# runner-up is within PLAYOFF_WITHIN of the best, the two are timed again, interleaved
-# (A B A B ...), and each is ranked by the median of all its timings. A few more runs of one kernel, on the first call of a
-# shape class only.
+# One median per candidate ranks them, but two close ones can swap from one timing to the next. On
+# an H100 whose cuDNN timings spread 554-688 TFLOPS on one shape (2026-11-23), the tuner kept the
+# 8-bit kernel's 16-bit P·V variant at HunyuanVideo's shape, where the interleaved bench measured
+# the fp8 one 13 % faster (noise is the likely cause, not established). So when the runner-up is
+# within PLAYOFF_WITHIN of the best, the two are timed PLAYOFF_ROUNDS more times (interleaved) and
+# each is ranked by the median of its timings: a few more runs of two kernels, on the first call of
+# a shape class only.
 PLAYOFF_WITHIN = 1.15
 PLAYOFF_ROUNDS = 3
 
 
+def _score(ms: dict, c, weight: Optional[Callable]) -> float:
+    """Candidate ``c``'s median time, times its weight."""
+    return statistics.median(ms[c]) * (weight(c) if weight is not None else 1.0)
+
+
 def _fastest(ms: dict, weight: Optional[Callable]) -> tuple:
     """(candidate, its median ms) with the least weighted median time, or (None, None)."""
-    best, best_t, best_ms = None, float("inf"), None
-    for c, times in ms.items():
-        m = statistics.median(times)
-        t = m * (weight(c) if weight is not None else 1.0)
-        if t < best_t:
-            best, best_t, best_ms = c, t, m
-    return best, best_ms
+    if not ms:
+        return None, None
+    best = min(ms, key=lambda c: _score(ms, c, weight))
+    return best, statistics.median(ms[best])
 
 
 def _playoff(device, ms: dict, run: Callable, weight: Optional[Callable]) -> None:
     """Times the best two of ``ms`` again, interleaved, when they are within PLAYOFF_WITHIN
     (adds the timings to ``ms``; a candidate that fails now is dropped)."""
-    w = (lambda c: weight(c) if weight is not None else 1.0)  # noqa: E731
-    ranked = sorted(ms, key=lambda c: statistics.median(ms[c]) * w(c))
-    if len(ranked) < 2:
-        return
-    pair = ranked[:2]
-    if statistics.median(ms[pair[1]]) * w(pair[1]) > statistics.median(ms[pair[0]]) * w(pair[0]) * PLAYOFF_WITHIN:
+    pair = sorted(ms, key=lambda c: _score(ms, c, weight))[:2]
+    if len(pair) < 2 or _score(ms, pair[1], weight) > _score(ms, pair[0], weight) * PLAYOFF_WITHIN:
         return
     for _ in range(PLAYOFF_ROUNDS):
-        for c in pair:
-            if c not in ms:
-                continue
-            try:
-                ms[c].append(time_ms(device, lambda: run(c)))
-            except Exception:  # noqa: BLE001
+        for c, t in time_all(device, {c: functools.partial(run, c) for c in pair if c in ms}).items():
+            if isinstance(t, Exception):
                 ms.pop(c, None)
+            else:
+                ms[c].append(t)
