@@ -26,24 +26,16 @@ def test_eager_plain_is_only_for_plain_eager_tensors():
 def test_interpreted_launches_from_several_threads_are_serialized():
     # the Triton interpreter patches triton.language while a kernel runs: without the lock a
     # second thread's launch fails ("Did you forget to add @triton.jit?")
-    import threading
+    from thread_utils import run_in_threads
     from tritonkit.kernels import vector_add
-    results, errors = [None] * 4, []
 
     def one(i):
-        try:
-            x = torch.rand(4099 + i)
-            y = torch.rand(4099 + i)
-            out = torch.full_like(x, float("nan"))
-            vector_add.add(x, y, out=out)
-            results[i] = torch.equal(out, x + y)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        x = torch.rand(4099 + i)
+        y = torch.rand(4099 + i)
+        out = torch.full_like(x, float("nan"))
+        vector_add.add(x, y, out=out)
+        return torch.equal(out, x + y)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    results, errors = run_in_threads(one)
     assert not errors, errors
     assert results == [True] * 4

@@ -27,22 +27,9 @@ def test_selftest_calls_from_several_threads_all_pass_and_keep_the_descriptors()
     # the node (ComfyUI's execution thread) and the Triton tab's route (an executor thread) can
     # start a self-test together: each must pass, and stdout/stderr must point where they did
     import os
-    import threading
+    from thread_utils import run_in_threads
     before = [os.fstat(fd) for fd in (1, 2)]
-    results = [None] * 4
-    errors = []
-
-    def one(i):
-        try:
-            results[i] = selftest.run_vector_add(device="cpu", n=4099 + i, warm_runs=2)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    results, errors = run_in_threads(lambda i: selftest.run_vector_add(device="cpu", n=4099 + i, warm_runs=2))
     after = [os.fstat(fd) for fd in (1, 2)]
     assert not errors, errors
     assert [r["ok"] for r in results] == [True] * 4, [r["triage"] for r in results]
