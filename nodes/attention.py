@@ -199,7 +199,8 @@ def run_attention(kmode: str, b: dict):
     return A.attention(b["q"], b["k"], b["v"], b["heads"], mask=b.get("mask"),
                        layout="bhld" if bhld else "bld",
                        out_layout="bhld" if b.get("skip_output_reshape", False) else "bld",
-                       scale=b.get("scale"), mode=kmode, arch=_arch(b["q"].device))
+                       scale=b.get("scale"), mode=kmode,
+                       arch=_arch(b["q"].device) if arch_forced() else None)  # unforced: the device's own
 
 
 def make_override(mode: str):
