@@ -6,6 +6,8 @@
 #   BENCH_S  bench/attention.py (3 interleaved rounds)
 #   HUN_S    HunyuanVideo scaled-fp8 eager rounds, @86 / @89 / native, default against both nodes
 #            (2 rounds, 3 steps; HUN_PLAN replaces the plan)
+#   REG_S    issue 13: Flux through the Triton Compile Model @86, cold compile (empty cache folders), the
+#            second size, and a warm restart in a new process (4 steps; REG_PLAN replaces the plan)
 # The workflows run on ComfyUI 0.8.0 with a cold calibration (one folder for the whole call).
 # Prepare here: `bash bench/device_workflow.sh --prepare`, then carry .device/whl and
 # .device/comfyui-0.8.0.tar.gz (and .device/whl-attn for comfy-kitchen 0.2.40 in the attention bench, if the
@@ -55,5 +57,16 @@ if [ "${HUN_S:-0}" != 0 ]; then
     > "$O/hun.log" 2>&1
   echo "hun rc=$?"
   runs_table "$O/hun/workflow.md"
+fi
+if [ "${REG_S:-0}" != 0 ]; then
+  python3 -c "import torch; from torch import compiler as c; print('torch', torch.__version__, 'ahead-of-time load:', callable(getattr(c, 'load_compiled_function', None)))"
+  rm -rf /tmp/tk_cc
+  OUT="$O/regional" timeout "$REG_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-scaled --steps 4 \
+    --compile-cache /tmp/tk_cc --restart --budget-s $(( REG_S - 10 )) --calibration-dir "$CAL" \
+    --plan "${REG_PLAN:-flux-scaled:both:regional@86}" > "$O/regional.log" 2>&1
+  echo "regional rc=$?"
+  grep -E 'TritonKit compile:' "$O/regional.log" | cut -c1-400 | tail -8
+  sed -n '/^| run /,/^$/p' "$O/regional/workflow.md" 2>/dev/null | head -12
+  grep -iE 'regional|restart|second' "$O/regional/workflow.md" 2>/dev/null | grep -v '^| run' | cut -c1-400 | head -12
 fi
 rm -f "$O"/*/nvidia-smi.txt "$O"/*/log.txt

@@ -34,8 +34,12 @@ class* once and runs every block of that class through the same compiled code (t
   the node restores ComfyUI's behaviour. A block whose weights are not all on the compute device
   (lowvram/offloaded) or that carries lowvram LoRA weight functions runs eagerly (logged once);
   under ComfyUI's ``TorchCompileModel`` the node steps aside (that node compiles everything).
-* Warm restarts: Inductor's FX-graph and AOTAutograd caches (on by default) live in the Inductor
-  cache folder; after a run that compiled, torch's portable cache artefacts
+* Warm restarts: where the installed torch has ahead-of-time compile (2.10+), each block class is
+  compiled through it and saved, and a new process loads it without tracing (nodes/compile_aot.py:
+  what keys an entry, which guards it keeps, when it falls back to the path below). Otherwise, and
+  for classes that cannot go ahead-of-time, Dynamo traces them again after a restart and
+  Inductor's FX-graph and AOTAutograd caches (on by default, in the Inductor cache folder) hand back
+  the compiled code. After a run that compiled, torch's portable cache artefacts
   (``torch.compiler.save_cache_artifacts``) are written to ``<inductor cache>/tritonkit_compile/``
   under a key of the torch, Triton, Python, pack and device versions, and loaded at the first run
   of a later process. Being inside the Inductor cache folder, they are cleared with it
@@ -58,6 +62,8 @@ from typing import Optional
 
 import torch
 
+from . import compile_aot
+
 log = logging.getLogger("TritonKit")
 
 PARTS = ("blocks", "blocks+glue")
@@ -68,7 +74,6 @@ WRAPPER_KEY = "tritonkit_compile"
 COMFY_COMPILE_KEY = "torch.compile"           # ComfyUI's set_torch_compile_wrapper
 ARTIFACT_FOLDER = "tritonkit_compile"
 MAX_STRUCTURES = 4                            # differently built blocks of one class (SDXL: depths)
-TOKEN_DIM_MIN = 16                            # a dim this large (not the first or last) is a token dim
 # transformer_options entries ComfyUI rewrites per block, per call or per prompt: guards on them
 # would compile one graph per block (block_index) or per prompt (uuids)
 VOLATILE_OPTIONS = ("block_index", "block", "total_blocks", "block_type", "activations_shape",
@@ -207,9 +212,10 @@ class Compiled:
     """One block class's compiled forward and what it cost."""
     region: str
     fn: object
-    graphs: int = 0          # Dynamo graphs compiled through this function
+    graphs: int = 0          # graphs compiled through this function (Dynamo's or ahead-of-time)
     compile_s: float = 0.0   # time of the calls that compiled
     calls: int = 0
+    aot: Optional[compile_aot.Entries] = None  # the ahead-of-time entries, where torch has them
 
 
 _COMPILED: dict = {}
@@ -237,27 +243,77 @@ def compiled_for(cls: type, opts: Options) -> Compiled:
             fn = torch.compile(_fresh_function(cls.forward), backend="inductor", options=options,
                                dynamic=_torch_dynamic(opts.dynamic), **kw)
             c = _COMPILED[key] = Compiled(f"{cls.__module__}.{cls.__qualname__}", fn)
+            if compile_aot.enabled() and opts.dynamic != "torch":
+                # torch's automatic dynamic (recompile once as dynamic) is Dynamo's own: that
+                # setting keeps Dynamo's path
+                c.aot = compile_aot.Entries(c.region, None, f"{opts.mode}|{opts.dynamic}", _guard_filter,
+                                            _fresh_function(cls.forward),
+                                            {k: v for k, v in options.items() if k != "guard_filter_fn"},
+                                            _torch_dynamic(opts.dynamic), opts.cache_size_limit)
     return c
 
 
 def _mark_tokens(values) -> None:
     """Hints the token dimension of each tensor input dynamic: for tensors of 3+ dims, the largest
-    dim between the first and the last, if it is at least TOKEN_DIM_MIN."""
+    dim between the first and the last, if it is at least compile_aot.TOKEN_DIM_MIN."""
     for v in values:
-        if type(v) is torch.Tensor and v.dim() >= 3:
-            sizes = v.shape[1:-1]
-            d = max(range(len(sizes)), key=lambda i: sizes[i])
-            if sizes[d] >= TOKEN_DIM_MIN:
-                torch._dynamo.maybe_mark_dynamic(v, d + 1)
+        d = compile_aot.token_dim(v)
+        if d is not None:
+            torch._dynamo.maybe_mark_dynamic(v, d)
 
 
-def make_runner(block: torch.nn.Module, comp: Compiled, mark: bool):
+_MISS = object()
+
+
+def _run_aot(comp: Compiled, block, block_key, args, kwargs, mark: bool):
+    """The block call through the class's ahead-of-time entry for this call (loaded from disk or
+    compiled and saved here), or _MISS where Dynamo's path serves it. The token dims are marked
+    dynamic on the inputs of the call that compiles only: a saved entry's guards come back without
+    the compile-time markings (torch pickles the example tensors without them), so a loaded entry
+    refuses marked inputs, and an entry compiled in this process accepts unmarked ones."""
+    entries = comp.aot
+    key = entries.key(block_key, args, kwargs, VOLATILE_OPTIONS)
+    fn = entries.fns.get(key, _MISS)
+    if fn is _MISS:
+        with entries.lock:
+            fn = entries.lookup(key)
+            if fn is None and key not in entries.fns:
+                if mark:
+                    _mark_tokens(args)
+                    _mark_tokens(kwargs.values())
+                t0 = time.perf_counter()
+                fn = entries.compile(key, block, args, kwargs)
+                if callable(fn):
+                    out = fn(block, *args, **kwargs)
+                    comp.graphs += 1
+                    comp.compile_s += time.perf_counter() - t0
+                    return out
+    if fn is None:
+        return _MISS
+    if fn is compile_aot.OVER_LIMIT:
+        return type(block).forward(block, *args, **kwargs)
+    try:
+        return fn(block, *args, **kwargs)
+    except RuntimeError as e:
+        if not compile_aot.guard_failure(e):
+            raise
+        entries.drop(key, str(e))
+        return _MISS
+
+
+def make_runner(block: torch.nn.Module, comp: Compiled, mark: bool, block_key=None):
     """The ``forward`` installed on ``block`` while the model runs: the class's compiled forward
-    with ``block`` as ``self``."""
+    with ``block`` as ``self`` (its ahead-of-time entry where there is one: ``block_key`` is the
+    block's part of the entry key)."""
     fn = comp.fn
     counters = _dynamo_counters()
 
     def forward(*args, **kwargs):
+        if block_key is not None and comp.aot.broken is None:
+            out = _run_aot(comp, block, block_key, args, kwargs, mark)
+            if out is not _MISS:
+                comp.calls += 1
+                return out
         if mark:
             _mark_tokens(args)
             _mark_tokens(kwargs.values())
@@ -404,6 +460,17 @@ class RunStats:
         self.compiled_calls = 0
         self.stepped_aside = False
         self.loaded = None
+        self.aot0 = {id(c): (c.aot.loaded, c.aot.load_s, c.aot.compiled) if c.aot else (0, 0.0, 0)
+                     for c in self.comps}
+
+    def aot(self) -> tuple:
+        """(entries loaded, seconds loading them, entries compiled ahead-of-time) in this run."""
+        n = s = k = 0
+        for c in self.comps:
+            if c.aot:
+                n0, s0, k0 = self.aot0[id(c)]
+                n, s, k = n + c.aot.loaded - n0, s + c.aot.load_s - s0, k + c.aot.compiled - k0
+        return n, s, k
 
     def graphs(self) -> dict:
         return {c.region.rsplit(".", 1)[-1]: c.graphs - self.graphs0[id(c)] for c in self.comps}
@@ -422,13 +489,18 @@ class RunStats:
         n = sum(g.values())
         cache = self.cache()
         parts = []
+        aot_n, aot_s, aot_k = self.aot()
+        if aot_n:
+            parts.append(f"{aot_n} compiled block graph(s) loaded ahead-of-time in {aot_s:.2f} s (no tracing)")
         if n:
             src = "from the caches" if cache["fx_hit"] and not cache["fx_miss"] else \
                   "compiled fresh" if not cache["fx_hit"] else "partly from the caches"
             parts.append(f"{n} graph(s) compiled ({', '.join(f'{k} {v}' for k, v in g.items() if v)}) in "
                          f"{self.compile_s():.1f} s, {src}: FX-graph cache {cache['fx_hit']} hit(s) / "
                          f"{cache['fx_miss']} miss(es), AOTAutograd cache {cache['aot_hit']} / {cache['aot_miss']}")
-        else:
+            if aot_k:
+                parts.append(f"{aot_k} of them saved ahead-of-time for the next restart")
+        elif not aot_n:
             parts.append("no new compile (reused the compiled blocks)")
         parts.append(f"{self.compiled_calls} block calls compiled")
         if self.eager:
@@ -447,6 +519,8 @@ def stats() -> dict:
     out = {"graphs": sum(g.values()), "compiled_block_calls": STATS.compiled_calls,
            "eager_block_calls": sum(STATS.eager.values()), "compile_s": STATS.compile_s() if STATS.comps else 0.0}
     out.update({f"cache_{k}": v for k, v in STATS.cache().items()})
+    aot_n, aot_s, aot_k = STATS.aot() if STATS.comps else (0, 0.0, 0)
+    out.update(aot_loaded=aot_n, aot_load_s=aot_s, aot_compiled=aot_k)
     out.update({f"graphs_{k}": v for k, v in g.items()})
     return out
 
@@ -487,7 +561,8 @@ def make_wrappers(regions: list[Region], opts: Options):
                     eager[why] += 1
                     log_once("eager:" + why, why)
                     continue
-                compiled.append((block, make_runner(block, comp, mark)))
+                key = (compile_aot.module_fingerprint(block), compile_aot.code_key(block)) if comp.aot else None
+                compiled.append((block, make_runner(block, comp, mark, key)))
         plan.update(key=(id(base), device), compiled=compiled, eager=eager)
 
     def apply_model(executor, *args, **kwargs):
@@ -524,6 +599,10 @@ def make_wrappers(regions: list[Region], opts: Options):
     def outer_sample(executor, *args, **kwargs):
         device = _model_device(executor)
         loaded = load_artifacts(device)
+        folder = os.path.join(artifact_dir(), compile_aot.FOLDER_PREFIX + artifact_key(device))
+        for c in comps.values():
+            if c.aot is not None:
+                c.aot.folder = folder
         STATS.reset(comps.values())
         STATS.loaded = loaded
         plan["key"] = None

@@ -403,8 +403,9 @@ def test_flux_bucket_crossing_resolution_with_calibrated_nodes_no_recompile(cali
 
 
 # ----------------------------------------------------------------------------- warm restart
-def child_main(out_path):
-    """A second process: builds the same tiny Flux, runs it through the node, writes the stats."""
+def child_main(out_path, sizes=((16, 16),)):
+    """A second process: builds the same tiny Flux, samples it through the node at each of
+    ``sizes`` (the compile counters summed over them), writes the stats, the log and the latents."""
     import logging
     records = []
 
@@ -418,39 +419,86 @@ def child_main(out_path):
     node = inproc.node_module(NODE)
     mp, _ = tiny_flux()
     m = inproc.call_node(NODE, model=mp, mode="default", dynamic="auto", parts="blocks", cache_size_limit=16)[0]
-    sample(m)
-    Path(out_path).write_text(json.dumps({"stats": node.stats(), "log": records}))
+    total: dict = {}
+    latents = []
+    for h, w in sizes:
+        latents.append(sample(m, h, w))
+        for k, v in node.stats().items():
+            total[k] = total.get(k, 0) + v
+    torch.save(latents, str(out_path) + ".pt")
+    Path(out_path).write_text(json.dumps({"stats": total, "log": records}))
 
 
-def _child(cache: Path, out: Path) -> dict:
+def _child(cache: Path, out: Path, sizes=((16, 16),), **env_extra) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(
-        [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    code = f"import test_compile_model as t; t.child_main({str(out)!r})"
+        [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]), **env_extra)
+    code = f"import test_compile_model as t; t.child_main({str(out)!r}, {tuple(sizes)!r})"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
                        cwd=str(out.parent))
     assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(out.read_text())
+    res = json.loads(out.read_text())
+    res["latents"] = torch.load(str(out) + ".pt")
+    return res
 
 
 def test_second_process_loads_from_the_caches(env, tmp_path):
-    """Two more ComfyUI processes on this module's Inductor cache folder (its C++ runtime already
-    built, which costs ~25 s in an empty one): the first compiles the tiny Flux, or finds it
-    there; the second must get every graph from the caches on disk."""
+    """More ComfyUI processes on this module's Inductor cache folder (its C++ runtime already
+    built, which costs ~25 s in an empty one). The first compiles the tiny Flux, or finds it
+    there. Where torch has ahead-of-time compile, the second loads both block classes without
+    tracing them, also at a second resolution, and samples what the first sampled; with it
+    switched off (TRITONKIT_COMPILE_AOT=0) Dynamo traces them again and Inductor's FX-graph cache
+    serves both graphs."""
+    from tritonkit.nodes import compile_aot
     _, node, cache = env
     first = _child(cache, tmp_path / "first.json")
-    assert first["stats"]["graphs"] == 2, first["stats"]
+    assert first["stats"]["graphs"] in (0, 2), first["stats"]  # 0: a test before this one saved them
     if node.portable_cache_available():
         art = list((cache / node.ARTIFACT_FOLDER).glob("artifacts-*.bin"))
         assert art and art[0].stat().st_size > 0, "no cache artefacts written"
-    warm = _child(cache, tmp_path / "warm.json")
-    st = warm["stats"]
-    # Dynamo traces each block class again in a new process (2 graphs), Inductor serves both
-    # from its FX-graph cache: no fresh code generation
+    if compile_aot.available():
+        saved = list((cache / node.ARTIFACT_FOLDER).glob(f"{compile_aot.FOLDER_PREFIX}*/*.bin"))
+        assert len(saved) >= 2, saved
+        warm = _child(cache, tmp_path / "warm.json", sizes=((16, 16), (24, 16)))
+        st = warm["stats"]
+        assert st["graphs"] == 0 and st["aot_loaded"] == 2 and st["compiled_block_calls"] == 20, st
+        assert any("loaded ahead-of-time" in line for line in warm["log"]), warm["log"]
+        assert not any("does not fit" in line or "could not" in line for line in warm["log"]), warm["log"]
+        assert cosine(warm["latents"][0], first["latents"][0]) > 0.9999
+        assert warm["latents"][1].shape[-2:] == (24, 16) and torch.isfinite(warm["latents"][1]).all()
+    # without ahead-of-time entries (an older torch): the first such process fills Inductor's FX-graph
+    # cache (an ahead-of-time compile does not write it); in the next Dynamo traces each block class
+    # again (2 graphs) and Inductor serves both from that cache: no fresh code generation
+    _child(cache, tmp_path / "off1.json", TRITONKIT_COMPILE_AOT="0")
+    off = _child(cache, tmp_path / "off.json", TRITONKIT_COMPILE_AOT="0")
+    st = off["stats"]
     assert st["graphs"] == 2 and st["cache_fx_hit"] == 2 and st["cache_fx_miss"] == 0, st
-    summary = [line for line in warm["log"] if "graph(s) compiled" in line]
-    assert summary and "from the caches" in summary[-1], warm["log"]
+    assert st["aot_loaded"] == 0 and st["aot_compiled"] == 0, st
+    summary = [line for line in off["log"] if "graph(s) compiled" in line]
+    assert summary and "from the caches" in summary[-1], off["log"]
+    assert cosine(off["latents"][0], first["latents"][0]) > 0.9999
     if node.portable_cache_available():
-        assert any("loaded saved compile artefacts" in line for line in warm["log"]), warm["log"]
+        assert any("loaded saved compile artefacts" in line for line in off["log"]), off["log"]
+
+
+def test_a_corrupt_saved_block_compiles_afresh(env, tmp_path):
+    """A saved ahead-of-time block that cannot be loaded (a truncated write, another torch's
+    format) is reported once and compiled again, and the run samples what an intact one does."""
+    from tritonkit.nodes import compile_aot
+    if not compile_aot.available():
+        pytest.skip(f"torch {torch.__version__} has no ahead-of-time compile (torch.compiler.load_compiled_function)")
+    _, node, _ = env
+    cache = tmp_path / "inductor"
+    first = _child(cache, tmp_path / "first.json")
+    saved = sorted((cache / node.ARTIFACT_FOLDER).glob(f"{compile_aot.FOLDER_PREFIX}*/*.bin"))
+    assert len(saved) == 2 and first["stats"]["aot_compiled"] == 2, (saved, first["stats"])
+    saved[0].write_bytes(saved[0].read_bytes()[:100])   # truncated
+    saved[1].write_bytes(b"not a compiled function")    # foreign
+    again = _child(cache, tmp_path / "again.json")
+    st = again["stats"]
+    assert st["aot_loaded"] == 0 and st["aot_compiled"] == 2 and st["graphs"] == 2, st
+    assert sum("could not load the saved" in line for line in again["log"]) == 2, again["log"]
+    assert cosine(again["latents"][0], first["latents"][0]) > 0.9999
+    assert all(p.stat().st_size > 1000 for p in saved)  # written again, whole
 
 
 def test_artefacts_live_in_the_cache_folder_install_py_clears(env, tmp_path, monkeypatch):
