@@ -75,6 +75,15 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in _OFF and available()
 
 
+def _aot_enabled():
+    """torch's switch for ``.aot_compile`` on compiled functions (off by default in torch 2.11, on
+    in later ones), on while the function is made."""
+    import contextlib
+    if hasattr(torch._dynamo.config, "enable_aot_compile"):
+        return torch._dynamo.config.patch(enable_aot_compile=True)
+    return contextlib.nullcontext()
+
+
 _logged: set = set()
 
 
@@ -278,7 +287,8 @@ class Entries:
         # lock) is not part of the traced code and must not be pickled with the block's guard state
         installed = vars(block).pop("forward", None)
         try:
-            c = torch.compile(self.source, backend="inductor", fullgraph=True, options=opts, dynamic=self.dynamic)
+            with _aot_enabled():
+                c = torch.compile(self.source, backend="inductor", fullgraph=True, options=opts, dynamic=self.dynamic)
             fn = c.aot_compile(((block,) + tuple(args), dict(kwargs)))
         except Exception as e:  # noqa: BLE001 - a graph break, an unsupported construct: Dynamo's path
             self.broken = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
