@@ -7,7 +7,8 @@
 #   HUN_S    HunyuanVideo scaled-fp8 eager rounds, @86 / @89 / native, default against both nodes
 #            (2 rounds, 3 steps; HUN_PLAN replaces the plan)
 #   REG_S    issue 13: Flux through the Triton Compile Model @86, cold compile (empty cache folders), the
-#            second size, and a warm restart in a new process (4 steps; REG_PLAN replaces the plan)
+#            second size, and a warm restart in a new process (4 steps; REG_PLAN, REG_PRESET, REG_STEPS
+#            replace the plan, the preset and the steps)
 # The workflows run on ComfyUI 0.8.0 with a cold calibration (one folder for the whole call).
 # Prepare here: `bash bench/device_workflow.sh --prepare`, then carry .device/whl and
 # .device/comfyui-0.8.0.tar.gz (and .device/whl-attn for comfy-kitchen 0.2.40 in the attention bench, if the
@@ -61,7 +62,7 @@ fi
 if [ "${REG_S:-0}" != 0 ]; then
   python3 -c "import torch; from torch import compiler as c; print('torch', torch.__version__, 'ahead-of-time load:', callable(getattr(c, 'load_compiled_function', None)))"
   rm -rf /tmp/tk_cc
-  OUT="$O/regional" timeout "$REG_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-scaled --steps 4 \
+  OUT="$O/regional" timeout "$REG_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset "${REG_PRESET:-gpu-scaled}" --steps "${REG_STEPS:-4}" \
     --compile-cache /tmp/tk_cc --restart --budget-s $(( REG_S - 10 )) --calibration-dir "$CAL" \
     --plan "${REG_PLAN:-flux-scaled:both:regional@86}" > "$O/regional.log" 2>&1
   echo "regional rc=$?"

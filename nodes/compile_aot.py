@@ -13,17 +13,18 @@ What this file adds to the regional compile (nodes/compile_model.py):
   first block call that has no entry and written to
   ``<inductor cache>/tritonkit_compile/aot-<version key>/``; a later process loads it at its
   first call with that key.
-* **Guards.** Dynamo's guards on the call's tensors (dtypes, devices, ranks, the static sizes, the
-  dynamic token dim), on constants and on the global torch state are kept and checked at every
-  call. The guards on the block module itself cannot be saved (ComfyUI defines its op classes
-  inside classes: "cannot be saved into torch.compile() package since it's defined in local
-  scope"), nor can those on globals, functions and object identities. The entry key stands in for
-  them: the block's module tree (each submodule's class, simple attributes and object-patched
-  functions, e.g. the fp8 Fallback's per-layer forward and its config), the call's non-tensor
+* **Guards.** Dynamo's guards on the call's tensor arguments (dtypes, devices, ranks, the static
+  sizes, the dynamic token dim) and on the global torch state are kept and checked at every call.
+  Those on the block module, its parameters, globals, functions and ``transformer_options`` are
+  not: saving them pickles those objects, and ComfyUI's are not all picklable (its op classes are
+  defined inside classes, comfy-kitchen's QuantizedTensor layout parameters too). The entry key
+  stands in for them: the block's module tree (each submodule's class, simple attributes and
+  object-patched functions, e.g. the fp8 Fallback's per-layer forward and its config; each
+  parameter's class, dtype, device, sizes, strides and subclass layout), the call's non-tensor
   arguments (``transformer_options`` without ComfyUI's per-block entries, the attention override
-  and its mode), the pack's calibrated choices read while tracing, and a version key of torch,
-  Triton, Python, ComfyUI and the source files the block's code comes from (the pack's own, and
-  every ``.py`` beside the files of the block's classes), so an update of any of them compiles afresh.
+  and its mode), and a version key of torch, Triton, Python, ComfyUI, comfy-kitchen and the source
+  files the block's code comes from (the pack's own, and every ``.py`` beside the files of the
+  block's classes), so an update of any of them compiles afresh.
 * **Falling back.** Where a class cannot be AOT-compiled (a graph break: ``fullgraph``), an entry
   cannot be saved or loaded (corrupt, foreign), or a loaded entry's guards fail, that class or
   key goes through the ordinary ``torch.compile`` path, logged once per reason. ``TRITONKIT_COMPILE_AOT=0``
@@ -51,13 +52,16 @@ log = logging.getLogger("TritonKit")
 ENV = "TRITONKIT_COMPILE_AOT"
 FOLDER_PREFIX = "aot-"
 TOKEN_DIM_MIN = 16          # a dim this large (not the first or last) is a token dim
-# Guards an entry keeps: on the call's tensors (parameters included: dtype, device, sizes, strides,
-# the dynamic token dim through the shape environment) and torch's global state (grad mode,
-# autocast...): torch's "portable" set (torch.compiler.keep_portable_guards_unsafe), with which torch
-# also leaves the module's globals out of the file. The rest (the module tree, non-tensor arguments,
-# transformer_options) is what the entry key describes: their guards would pickle those objects
-# into the file (ComfyUI's local op classes, locks).
+# Guards an entry keeps: on the call's tensor arguments (dtype, device, sizes, strides, the dynamic
+# token dim through the shape environment) and torch's global state (grad mode, autocast...): of
+# torch's "portable" set (torch.compiler.keep_portable_guards_unsafe, with which torch also leaves
+# the module's globals out of the file), those not on the block module. The rest is what the entry
+# key describes (the module tree with its parameters, non-tensor arguments, transformer_options):
+# a guard on any of them pickles that object into the file, and ComfyUI's are not all picklable
+# (op classes defined inside classes; comfy-kitchen's QuantizedTensor layout parameters, a class
+# inside a class: seen on an H200 with ComfyUI 0.8.0; locks in transformer_options).
 _KEPT_GUARDS = frozenset({"TENSOR_MATCH", "SHAPE_ENV", "GLOBAL_STATE"})
+_SELF = re.compile(r"\bself\b")
 OVER_LIMIT = "over the cache size limit"  # an entry key whose calls run eagerly
 _OFF = ("0", "false", "no", "off")
 
@@ -96,14 +100,15 @@ def log_once(key: str, msg: str, level: int = logging.INFO) -> None:
 # ----------------------------------------------------------------------------- guards
 def aot_guard_filter(base: Callable) -> Callable:
     """``base``'s choice (the regional compile's filter), narrowed to the guards a saved entry can
-    keep (_KEPT_GUARDS): none on globals, none inside ``transformer_options``."""
+    keep (_KEPT_GUARDS): none on globals, on the block (``self``) or inside ``transformer_options``."""
 
     def keep(entries):
         out = []
         for e, k in zip(entries, base(entries)):
             name = getattr(e, "name", "") or ""
             out.append(bool(k) and not getattr(e, "is_global", False) and
-                       getattr(e, "guard_type", "") in _KEPT_GUARDS and "transformer_options" not in name)
+                       getattr(e, "guard_type", "") in _KEPT_GUARDS and "transformer_options" not in name and
+                       _SELF.search(name) is None)
         return out
 
     return keep
@@ -155,6 +160,24 @@ def fingerprint(v, skip: tuple = (), depth: int = 0, tokens: str = "token"):
     return ("obj", type(v).__module__, type(v).__qualname__)
 
 
+def tensor_fingerprint(t: torch.Tensor, depth: int = 0) -> tuple:
+    """What Dynamo's guard on a parameter checks, for the entry key: class, dtype, device, sizes,
+    strides, requires_grad; for a wrapper subclass (comfy-kitchen's QuantizedTensor) also its
+    layout (``__tensor_flatten__``'s context) and inner tensors."""
+    out = (type(t).__module__, type(t).__qualname__, str(t.dtype), t.device.type, tuple(t.shape),
+           tuple(t.stride()) if t.layout == torch.strided else None, t.requires_grad)
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is not None and depth < 3:
+        try:
+            names, ctx = flatten()
+        except Exception:  # noqa: BLE001 - a subclass whose flatten needs more: its class serves
+            return out
+        out += (fingerprint(ctx, depth=1, tokens="exact"),) + tuple(
+            (n, tensor_fingerprint(getattr(t, n), depth + 1)) for n in names
+            if isinstance(getattr(t, n, None), torch.Tensor))
+    return out
+
+
 def module_fingerprint(block: torch.nn.Module) -> tuple:
     """The block's module tree: per submodule its class, simple attributes and instance-level
     functions (object patches), and its parameters' and buffers' dtypes, shapes and classes."""
@@ -164,7 +187,7 @@ def module_fingerprint(block: torch.nn.Module) -> tuple:
                              if not k.startswith("_") and k != "training" and
                              (_simple(x) or callable(x) or
                               (isinstance(x, (tuple, list)) and all(_simple(i) for i in x)))))
-        tens = tuple((k, str(t.dtype), tuple(t.shape), type(t).__name__)
+        tens = tuple((k,) + tensor_fingerprint(t)
                      for k, t in list(m._parameters.items()) + list(m._buffers.items()) if t is not None)
         out.append((name, type(m).__module__, type(m).__qualname__, attrs, tens))
     return tuple(out)
