@@ -88,6 +88,14 @@ def _aot_enabled():
     return contextlib.nullcontext()
 
 
+def stance() -> str:
+    """Dynamo's current stance (``torch.compiler.set_stance``): an entry's call honours it as a
+    compiled function does ("force_eager": the pack's calibration runs a compiled model's first call
+    eagerly; "eager_on_recompile": no new entry is compiled)."""
+    st = getattr(torch._dynamo.eval_frame, "_stance", None)
+    return getattr(st, "stance", "default") or "default"
+
+
 _logged: set = set()
 
 
