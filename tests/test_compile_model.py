@@ -177,12 +177,14 @@ class _FakePatcher:
 
 
 # ----------------------------------------------------------------------------- compile once, reuse
-def test_compiles_once_per_block_class_and_reuses_it(env, flux):
+def test_compiles_once_per_block_class_and_reuses_it(env, flux, tmp_path, monkeypatch):
     inproc, node, _ = env
     mp, base, ref = flux
     # the counts below are those of a first compile: forget the compiled functions that earlier tests
-    # made with the same options (the lowvram and attention tests), as a new process would start
+    # made with the same options (the lowvram and attention tests), as a new process would start, and
+    # the ahead-of-time entries they saved (a new process would load those: the restart tests)
     node._COMPILED.clear()
+    monkeypatch.setattr(node, "artifact_dir", lambda: str(tmp_path))
     m = inproc.call_node(NODE, model=mp, mode="default", dynamic="auto", parts="blocks", cache_size_limit=16)[0]
     assert m is not mp and not mp.wrappers.get("apply_model", {}).get(node.WRAPPER_KEY)
     breaks0 = graph_breaks()

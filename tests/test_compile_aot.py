@@ -1,0 +1,134 @@
+"""nodes/compile_aot.py without ComfyUI: what an ahead-of-time entry's key holds (it stands in for the
+guards that cannot be saved), which guards an entry keeps, and when it is switched off. The
+compile, save and load through ComfyUI's models are in test_compile_model.py."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def aot():
+    from tritonkit.nodes import compile_aot
+    return compile_aot
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    name: str
+    fused: bool
+
+
+def _patched(mod, cfg):
+    def forward_comfy_cast_weights(x):
+        return x
+    forward_comfy_cast_weights.tritonkit_fp8 = cfg
+    mod.forward_comfy_cast_weights = forward_comfy_cast_weights
+    return mod
+
+
+def test_token_dim_is_a_wildcard_and_volatile_entries_are_left_out(aot):
+    skip = ("block_index",)
+    a = (torch.zeros(1, 4096, 64), {"block_index": 3, "patches": {}})
+    b = (torch.zeros(1, 1024, 64), {"block_index": 7, "patches": {}})
+    assert aot.fingerprint(a, skip) == aot.fingerprint(b, skip)
+    assert aot.fingerprint(a, skip, tokens="exact") != aot.fingerprint(b, skip, tokens="exact")
+    # what the compiled graph depends on is in the key: dtype, static sizes, non-volatile options
+    assert aot.fingerprint((torch.zeros(1, 4096, 64, dtype=torch.float16), a[1]), skip) != aot.fingerprint(a, skip)
+    assert aot.fingerprint((torch.zeros(1, 4096, 32), a[1]), skip) != aot.fingerprint(a, skip)
+    assert aot.fingerprint((a[0], {"block_index": 3, "patches": {"x": 1}}), skip) != aot.fingerprint(a, skip)
+    assert aot.token_dim(torch.zeros(2, 8, 64)) is None          # too short for a token dim
+    assert aot.token_dim(torch.zeros(1, 24, 4096, 128)) == 2
+
+
+def test_module_key_sees_patches_and_parameters_but_not_layer_names(aot):
+    def block(cfg_name, fused=True, dtype=torch.float32, out=8):
+        m = torch.nn.Sequential(torch.nn.Linear(8, out), torch.nn.LayerNorm(out))
+        _patched(m[0], Cfg(cfg_name, fused))
+        return m.to(dtype)
+
+    base = aot.module_fingerprint(block("double_blocks.0.lin"))
+    assert aot.module_fingerprint(block("double_blocks.7.lin")) == base       # one entry for every block
+    assert aot.module_fingerprint(block("double_blocks.0.lin", fused=False)) != base
+    assert aot.module_fingerprint(block("x", dtype=torch.float16)) != base
+    assert aot.module_fingerprint(block("x", out=16)) != base
+    unpatched = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    assert aot.module_fingerprint(unpatched) != base
+    eps = block("x")
+    eps[1].eps = 1e-3
+    assert aot.module_fingerprint(eps) != base
+
+
+def test_functions_are_keyed_by_name_and_the_packs_settings(aot):
+    def override(func, *a, **k):
+        return func(*a, **k)
+    override.tritonkit_mode = "exact"
+    other = types.FunctionType(override.__code__, override.__globals__, "override")
+    other.__qualname__ = override.__qualname__
+    other.tritonkit_mode = "8-bit"
+    assert aot.fingerprint({"optimized_attention_override": override}) != \
+        aot.fingerprint({"optimized_attention_override": other})
+    other.tritonkit_mode = "exact"
+    assert aot.fingerprint({"optimized_attention_override": override}) == \
+        aot.fingerprint({"optimized_attention_override": other})
+
+
+class _Entry:
+    def __init__(self, name, guard_type, is_global=False):
+        self.name, self.guard_type, self.is_global = name, guard_type, is_global
+
+
+def test_the_guards_an_entry_keeps(aot):
+    entries = [_Entry("L['img']", "TENSOR_MATCH"), _Entry("", "SHAPE_ENV"), _Entry("", "GLOBAL_STATE"),
+               _Entry("L['self']._modules['lin']._parameters['weight']", "TENSOR_MATCH"),
+               _Entry("L['self']._modules['norm']", "TYPE_MATCH"),
+               _Entry("L['transformer_options']['sigmas']", "TENSOR_MATCH"),
+               _Entry("G['_TRACE_CHOICES']", "DICT_KEYS_MATCH", is_global=True),
+               _Entry("L['attn_mask']", "CONSTANT_MATCH"), _Entry("L['vec']", "TENSOR_MATCH")]
+    everything = lambda es: [True] * len(es)  # noqa: E731
+    kept = aot.aot_guard_filter(everything)(entries)
+    assert [e.name for e, k in zip(entries, kept) if k] == ["L['img']", "", "", "L['vec']"]
+    # the regional compile's own filter still applies
+    no_vec = lambda es: [e.name != "L['vec']" for e in es]  # noqa: E731
+    assert not aot.aot_guard_filter(no_vec)(entries)[-1]
+
+
+def test_code_key_follows_the_source_files(aot, tmp_path, monkeypatch):
+    mod_dir = tmp_path / "fake_comfy"
+    mod_dir.mkdir()
+    src = mod_dir / "layers.py"
+    src.write_text("import torch\nclass Block(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    layers = importlib.import_module("fake_comfy.layers")
+    key = aot.code_key(layers.Block())
+    assert aot.code_key(layers.Block()) == key
+    aot._files_digest.cache_clear()
+    (mod_dir / "math.py").write_text("# a new file beside the block's: ComfyUI was updated\n")
+    assert aot.code_key(layers.Block()) != key
+    aot._files_digest.cache_clear()
+    st = os.stat(src)
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert aot.code_key(layers.Block()) != key
+
+
+def test_switch_and_stance(aot, monkeypatch):
+    monkeypatch.setenv(aot.ENV, "0")
+    assert not aot.enabled()
+    monkeypatch.setenv(aot.ENV, "1")
+    assert aot.enabled() == aot.available()
+    assert aot.stance() == "default"
+    if hasattr(torch.compiler, "set_stance"):
+        with torch.compiler.set_stance("force_eager"):
+            assert aot.stance() == "force_eager"
+        assert aot.stance() == "default"
+
+
+def test_guard_failure_is_told_from_other_errors(aot):
+    assert aot.guard_failure(RuntimeError("GuardManager check failed, reason: ..."))
+    assert not aot.guard_failure(RuntimeError("CUDA out of memory"))
+    assert not aot.guard_failure(ValueError("GuardManager check failed"))
