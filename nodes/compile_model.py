@@ -659,6 +659,8 @@ def describe(regions: list[Region], opts: Options) -> str:
     lines.append("compiles at the first sampling step; the log says what compiled, in how long, and what came "
                  "from the caches" + ("" if portable_cache_available() else
                                       " (this torch has no portable cache artefacts: Inductor's caches only)"))
+    if compile_aot.enabled() and opts.dynamic != "torch":
+        lines.append("each block class is saved compiled ahead of time: a restart loads it without tracing")
     done = [c for c in _COMPILED.values() if c.graphs and any(c.region.endswith("." + r.cls.__qualname__)
                                                              for r in regions)]
     if done:
