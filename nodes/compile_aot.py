@@ -27,8 +27,14 @@ What this file adds to the regional compile (nodes/compile_model.py):
   block's classes), so an update of any of them compiles afresh.
 * **Falling back.** Where a class cannot be AOT-compiled (a graph break: ``fullgraph``), an entry
   cannot be saved or loaded (corrupt, foreign), or a loaded entry's guards fail, that class or
-  key goes through the ordinary ``torch.compile`` path, logged once per reason. ``TRITONKIT_COMPILE_AOT=0``
+  key goes through the ordinary ``torch.compile`` path, logged once per reason. Past the node's
+  ``cache_size_limit`` a new key runs eagerly, as Dynamo does past its limit. Entries honour
+  Dynamo's stance (the calibration's first call runs eagerly). ``TRITONKIT_COMPILE_AOT=0``
   switches the whole file off.
+
+Measured (full-size Flux @86 with both nodes, torch 2.11, 2026-11-23): the warm first step went
+from 11.7 to 5.5 s on an H100 and from 7.2 to 4.4 s on an H200, loading the two blocks in
+0.40-0.48 s; the cold compile cost the same as Dynamo's path on the same machine.
 """
 from __future__ import annotations
 
