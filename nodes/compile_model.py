@@ -320,7 +320,8 @@ def make_runner(block: torch.nn.Module, comp: Compiled, mark: bool, block_key=No
     counters = _dynamo_counters()
 
     def forward(*args, **kwargs):
-        if block_key is not None and comp.aot.broken is None:
+        # folder: set when sampling starts (outer_sample); a call outside ComfyUI's sampler takes Dynamo's path
+        if block_key is not None and comp.aot.broken is None and comp.aot.folder is not None:
             out = _run_aot(comp, block, block_key, args, kwargs, mark)
             if out is not _MISS:
                 comp.calls += 1
