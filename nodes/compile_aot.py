@@ -250,6 +250,12 @@ def code_key(block: torch.nn.Module) -> str:
     return f"{_files_digest(tuple(sorted(folders)))}|{comfy_ver}|{_dist_version('comfy-kitchen')}"
 
 
+def block_key(block: torch.nn.Module) -> str:
+    """The block's part of every entry key (module_fingerprint and code_key), as one digest: made
+    once per block per sampling run, so a block call hashes only its own arguments."""
+    return hashlib.sha256(repr((module_fingerprint(block), code_key(block))).encode()).hexdigest()[:24]
+
+
 # ----------------------------------------------------------------------------- entries
 class Entries:
     """One block class's AOT-compiled functions (for one set of options): in memory, on disk."""
@@ -275,13 +281,12 @@ class Entries:
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.region.rsplit(".", 1)[-1])
         return os.path.join(self.folder, f"{name}-{key}.bin")
 
-    def key(self, block_key: tuple, args, kwargs, skip: tuple) -> str:
-        """The entry key of a call: the block's module tree (``block_key``: module_fingerprint and
-        code_key) and the call's arguments without the ``skip`` entries of its dicts. The pack's
+    def key(self, block: str, args, kwargs, skip: tuple) -> str:
+        """The entry key of a call: the block's digest (:func:`block_key`) and the call's arguments without the ``skip`` entries of its dicts. The pack's
         calibrated choices are not in it: as on Dynamo's path (compile_model.TRACE_CHOICES_SOURCE),
         a block keeps the paths of the size it was traced at."""
         sizes = {None: "token", False: "exact", True: "any"}[self.dynamic]
-        desc = (self.region, self.opts_key, block_key, fingerprint(args, skip, tokens=sizes),
+        desc = (self.region, self.opts_key, block, fingerprint(args, skip, tokens=sizes),
                 fingerprint(kwargs, skip, tokens=sizes),
                 torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         return hashlib.sha256(repr(desc).encode()).hexdigest()[:24]

@@ -573,7 +573,7 @@ def make_wrappers(regions: list[Region], opts: Options):
                     eager[why] += 1
                     log_once("eager:" + why, why)
                     continue
-                key = (compile_aot.module_fingerprint(block), compile_aot.code_key(block)) if comp.aot else None
+                key = compile_aot.block_key(block) if comp.aot else None
                 compiled.append((block, make_runner(block, comp, mark, key)))
         plan.update(key=(id(base), device), compiled=compiled, eager=eager)
 
