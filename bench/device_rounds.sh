@@ -8,7 +8,8 @@
 #            (2 rounds, 3 steps; HUN_PLAN replaces the plan)
 #   REG_S    issue 13: Flux through the Triton Compile Model @86, cold compile (empty cache folders), the
 #            second size, and a warm restart in a new process (4 steps; REG_PLAN, REG_PRESET, REG_STEPS
-#            replace the plan, the preset and the steps)
+#            replace the plan, the preset and the steps; TK_BENCH_TRACE_COMPILES=1 prints which Triton
+#            compiles of the cold and the restarted process missed Triton's cache)
 # The workflows run on ComfyUI 0.8.0 with a cold calibration (one folder for the whole call).
 # Prepare here: `bash bench/device_workflow.sh --prepare`, then carry .device/whl and
 # .device/comfyui-0.8.0.tar.gz (and .device/whl-attn for comfy-kitchen 0.2.40 in the attention bench, if the
@@ -69,5 +70,13 @@ if [ "${REG_S:-0}" != 0 ]; then
   grep -E 'TritonKit compile:' "$O/regional.log" | cut -c1-400 | tail -8
   sed -n '/^| run /,/^$/p' "$O/regional/workflow.md" 2>/dev/null | head -12
   grep -iE 'regional|restart|second' "$O/regional/workflow.md" 2>/dev/null | grep -v '^| run' | cut -c1-400 | head -12
+  if [ -n "${TK_BENCH_TRACE_COMPILES:-}" ]; then  # which Triton compiles missed the cache, cold and restarted
+    python3 - "$O/regional/workflow.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["runs"]:
+    for part, rec in (("cold", r), ("restart", r.get("warm_restart") or {})):
+        print(r["run"], part, json.dumps(rec.get("triton_compiles"))[:1500])
+PY
+  fi
 fi
 rm -f "$O"/*/nvidia-smi.txt "$O"/*/log.txt

@@ -107,6 +107,7 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 
 import _comfy_inproc as inproc  # noqa: E402
+import compile_trace  # noqa: E402
 import tiny_models as tm  # noqa: E402
 
 FP8_NODE = "TritonKitFp8Fallback"
@@ -699,6 +700,9 @@ class StepTimer:
 # for the --restart process only (the cold run stays unprofiled).
 PROFILE_ENV = "TK_BENCH_PROFILE"
 PROFILE_RESTART_ENV = "TK_BENCH_PROFILE_RESTART"  # the same, for the --restart process only
+# TK_BENCH_TRACE_COMPILES=1: every triton.compile of a run, hit or miss, in the JSON as
+# ``triton_compiles`` (bench/compile_trace.py); the --restart process inherits it
+TRACE_ENV = "TK_BENCH_TRACE_COMPILES"
 
 
 def _profile_top(prof, n: int = 30) -> dict:
@@ -758,6 +762,7 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     counters.clear()
     arch_env = None if run.arch == "native" else run.arch
     fp8_mod, attn_mod = inproc.node_module(FP8_NODE), inproc.node_module(ATTN_NODE)
+    trace_from = len(compile_trace.records())
     with _env(**{ARCH_ENV: arch_env}), _sdpa_as_on(run.arch, device), _cold_compile(run.compiled), \
             _fp8_compute_as_on(run.arch):
         m = base
@@ -803,6 +808,9 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     rec["first_step_s"] = steps_t[0] if steps_t else None
     if timer.profiles:
         rec["first_calls_profile"] = timer.profiles
+    if os.environ.get(TRACE_ENV):
+        rec["triton_compiles"] = compile_trace.summary(compile_trace.records()[trace_from:],
+                                                       os.environ.get("TRITON_CACHE_DIR"))
     # timed steps: from step 2, or for a compiled run from the step after the last one in which
     # dynamo compiled (the pack's calibration runs a compiled model's first call eagerly when a
     # shape class is not measured yet, so Inductor then compiles in step 2)
@@ -1256,7 +1264,9 @@ def warm_restart(rec: dict, preset: str, models_dir, out_dir, index: int, seed: 
     if overrides:
         cmd += ["--overrides-json", json.dumps(overrides)]
     t0 = time.perf_counter()
-    env = dict(os.environ)
+    # the environment this bench started with, as a restarted ComfyUI would have it: not what this
+    # process set since (Inductor sets TRITON_PTXAS_PATH at its first compile, the pack at load)
+    env = dict(_START_ENV or os.environ)
     if os.environ.get(PROFILE_RESTART_ENV):
         env[PROFILE_ENV] = os.environ[PROFILE_RESTART_ENV]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -1270,12 +1280,16 @@ def warm_restart(rec: dict, preset: str, models_dir, out_dir, index: int, seed: 
         out["error"] = sub["error"]
         return out
     for k in ("compile_s", "calibration_step_s", "first_step_s", "s_per_step", "step_times_s", "compile_node",
-              "compile_node_summary", "dynamo", "calibration", "compile_phases_s", "first_calls_profile"):
+              "compile_node_summary", "dynamo", "calibration", "compile_phases_s", "first_calls_profile",
+              "triton_compiles"):
         if k in sub:
             out[k] = sub[k]
     # what the pack logged in that process (what a warm first step spent its time on)
     out["log"] = [ln[:300] for ln in (p.stdout + p.stderr).splitlines() if "TritonKit" in ln][-30:]
     return out
+
+
+_START_ENV: dict | None = None  # main()'s environment once its options are applied
 
 
 def _set_compile_cache(arg: str | None) -> str | None:
@@ -1319,6 +1333,8 @@ def main(argv=None):
                     + json.dumps(REGIONAL_OPTS))
     ap.add_argument("--overrides-json", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if os.environ.get(TRACE_ENV) and not compile_trace.install():
+        print(f"[workflow] {TRACE_ENV}: this Triton has no compilation listener; nothing is traced")
     # the pack's INFO lines (calibration, compile summaries): a --restart process's are kept in the JSON
     logging.basicConfig()
     logging.getLogger("TritonKit").setLevel(logging.INFO)
@@ -1333,6 +1349,8 @@ def main(argv=None):
         if a.hunyuan_size:
             w, h = (int(x) for x in a.hunyuan_size.lower().split("x"))
             ov["hunyuan"].update(width=w, height=h)
+    global _START_ENV
+    _START_ENV = dict(os.environ)
     cmd = "python bench/workflow.py " + " ".join(sys.argv[1:] if argv is None else argv)
     ropts = dict(REGIONAL_OPTS, **json.loads(a.regional_opts)) if a.regional_opts else None
     if cache_root:

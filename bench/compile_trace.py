@@ -1,0 +1,78 @@
+"""Which Triton compiles a bench process ran, and whether each came from Triton's cache.
+
+``TK_BENCH_TRACE_COMPILES=1`` makes ``bench/workflow.py`` install this before ComfyUI and the pack
+load: every ``triton.compile`` of the process (the pack's kernels and those Inductor compiles in this
+process; its worker processes are not seen) is recorded with its kernel name, wall seconds, cache
+hit or miss, and the ptxas Triton was pointed at then (``TRITON_PTXAS_PATH``, or ``bundled``).
+A warm restart that still compiles shows here which kernels missed and why their cache key moved:
+``summary`` also lists the kernel names that have more than one entry in Triton's cache folder
+(the same kernel stored under two keys)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+_records: list[dict] = []
+_local = threading.local()
+_installed = False
+
+
+def records() -> list[dict]:
+    return _records
+
+
+def install() -> bool:
+    """Wraps Triton's compile entry points once; False where Triton is missing or has no listener."""
+    global _installed
+    if _installed:
+        return True
+    try:
+        import triton
+        import triton.compiler as tc
+        import triton.compiler.compiler as tcc
+        from triton import knobs
+    except Exception:
+        return False
+    if not hasattr(knobs, "compilation") or not hasattr(knobs.compilation, "listener"):
+        return False
+    orig = tcc.compile
+
+    def listener(*_, **kw):
+        _local.last = (getattr(kw.get("src"), "name", "?"), bool(kw.get("cache_hit")))
+
+    def compile(*args, **kwargs):  # noqa: A001 - the name Triton's callers look up
+        _local.last = None
+        t0 = time.perf_counter()
+        ptxas = os.environ.get("TRITON_PTXAS_PATH") or "bundled"
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            name, hit = _local.last or (getattr(args[0] if args else None, "name", "?"), None)
+            _records.append({"name": name, "hit": hit, "s": round(time.perf_counter() - t0, 4), "ptxas": ptxas,
+                             "thread": threading.current_thread().name})
+
+    knobs.compilation.listener = listener
+    tcc.compile = tc.compile = triton.compile = compile
+    _installed = True
+    return True
+
+
+def summary(recs: list[dict], cache_dir: str | None = None, top: int = 12) -> dict:
+    """Counts, seconds and the slowest misses of ``recs``; with ``cache_dir`` (Triton's), the kernel
+    names stored under more than one key."""
+    miss = [r for r in recs if r["hit"] is False]
+    out = {"compiles": len(recs), "hits": sum(1 for r in recs if r["hit"]), "misses": len(miss),
+           "miss_s": round(sum(r["s"] for r in miss), 2), "all_s": round(sum(r["s"] for r in recs), 2),
+           "ptxas": sorted({r["ptxas"] for r in recs}),
+           "slowest_misses": [[r["name"][:80], r["s"], r["ptxas"][-40:]]
+                              for r in sorted(miss, key=lambda r: -r["s"])[:top]]}
+    if cache_dir and Path(cache_dir).is_dir():
+        keys: dict[str, int] = {}
+        for meta in Path(cache_dir).glob("*/*.json"):
+            if not meta.name.startswith("__grp__"):
+                keys[meta.stem] = keys.get(meta.stem, 0) + 1
+        out["cache_names"] = len(keys)
+        out["names_under_several_keys"] = sorted((n[:80], k) for n, k in keys.items() if k > 1)[:top]
+    return out
