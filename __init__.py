@@ -5,6 +5,7 @@ import inside is relative. Each feature registers on its own: one failing (a bro
 an old ComfyUI) never stops the others, and importing the pack never fails."""
 import importlib
 import logging
+import os
 
 log = logging.getLogger("TritonKit")
 
@@ -18,6 +19,18 @@ try:
     importlib.import_module(".installer.longpaths", __name__).apply_settings(__path__[0])
 except Exception:
     log.exception("TritonKit: could not apply tritonkit_settings.json")
+
+# One ptxas for the whole process, the one Inductor switches Triton to at its first compile
+# (installer/ptxas.py): otherwise kernels compiled before and after that switch are cached under
+# two keys and a restarted ComfyUI compiles some of them again.
+try:
+    _ptxas = importlib.import_module(".installer.ptxas", __name__)
+    _pinned = _ptxas.pin(os.environ, _ptxas.installed_torch_dir())
+    if _pinned:
+        log.debug("TritonKit: Triton uses torch's ptxas %s from the start (TRITONKIT_PIN_PTXAS=0 stops this)",
+                  _pinned)
+except Exception:
+    log.exception("TritonKit: could not choose ptxas")
 
 _FEATURES = ("selftest", "attention", "fp8_fallback", "compile_model")
 

@@ -35,6 +35,7 @@ import re
 import stat
 
 from ..diagnostics import environment as envmod
+from . import ptxas as ptxasmod
 from .common import Context, StepResult
 
 FINGERPRINT_SUFFIX = ".tritonkit-fingerprint.json"
@@ -67,10 +68,14 @@ def _file_id(path: str | None) -> str | None:
     return f"{path} ({st.st_size} bytes, mtime {int(st.st_mtime)})"
 
 
-def ptxas_identity(triton_dir: str | None, env: dict, platform: str) -> str | None:
-    """Which ptxas Triton will use (TRITON_PTXAS_PATH, the bundled one, or CUDA_PATH's), by path, size and date."""
+def ptxas_identity(triton_dir: str | None, env: dict, platform: str, torch_dir: str | None = None) -> str | None:
+    """Which ptxas Triton will use in ComfyUI (TRITON_PTXAS_PATH, torch's where the pack pins it as
+    Inductor does, the bundled one, or CUDA_PATH's), by path, size and date."""
     if env.get("TRITON_PTXAS_PATH"):
         return _file_id(env["TRITON_PTXAS_PATH"]) or env["TRITON_PTXAS_PATH"]
+    pinned = ptxasmod.pin(dict(env), torch_dir)
+    if pinned:
+        return _file_id(pinned)
     exe = "ptxas.exe" if platform == "win32" else "ptxas"
     cands = []
     if triton_dir:
@@ -81,6 +86,14 @@ def ptxas_identity(triton_dir: str | None, env: dict, platform: str) -> str | No
         ident = _file_id(c)
         if ident:
             return ident
+    return None
+
+
+def _torch_dir(site_packages) -> str | None:
+    for sp in site_packages or []:
+        d = os.path.join(sp, "torch")
+        if os.path.isfile(os.path.join(d, "__init__.py")):
+            return d
     return None
 
 
@@ -105,7 +118,7 @@ def fingerprint(target, env: dict, dists: dict[str, str], torch_version: str | N
         "torch": torch_version,
         "torch_cuda": torch_cuda_version(target.site_packages),
         "triton": ", ".join(f"{k} {v}" for k, v in sorted(dists.items())) or None,
-        "ptxas": ptxas_identity(triton_dir, env, target.platform),
+        "ptxas": ptxas_identity(triton_dir, env, target.platform, _torch_dir(target.site_packages)),
         "cuda_path": env.get("CUDA_PATH"),
         "c_compiler": f"{cc['kind']} {cc['path']}" if cc.get("kind") else None,
     }
