@@ -2,10 +2,10 @@
 # Issue 12's measurements in one GPU call, each part bounded in seconds (0 or unset skips it):
 #   TESTS_S  the kernels' GPU tests, verbose, to $OUT/gpu_tests.txt (TESTS_FILES / TESTS_K narrow them)
 #   FLUX_S   Flux scaled-fp8 eager rounds, @86 / @89 / native: default, both nodes, fp8 Fallback alone
-#            (3 rounds, 6 steps; FLUX_PLAN replaces the plan)
+#            (3 rounds, 6 steps; FLUX_PLAN, FLUX_ROUNDS replace the plan and the rounds)
 #   BENCH_S  bench/attention.py (3 interleaved rounds)
 #   HUN_S    HunyuanVideo scaled-fp8 eager rounds, @86 / @89 / native, default against both nodes
-#            (2 rounds, 3 steps; HUN_PLAN replaces the plan)
+#            (2 rounds, 3 steps; HUN_PLAN, HUN_ROUNDS replace the plan and the rounds)
 #   REG_S    issue 13: Flux through the Triton Compile Model @86, cold compile (empty cache folders), the
 #            second size, and a warm restart in a new process (4 steps; REG_PLAN, REG_PRESET, REG_STEPS
 #            replace the plan, the preset and the steps; TK_BENCH_TRACE_COMPILES=1 prints which Triton
@@ -38,7 +38,7 @@ runs_table() {  # the rounds' summary, then each run's s/step, × default, first
 }
 if [ "${FLUX_S:-0}" != 0 ]; then
   OUT="$O/flux" timeout "$FLUX_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-scaled --steps 6 \
-    --rounds 3 --budget-s $(( FLUX_S - 10 )) --calibration-dir "$CAL" \
+    --rounds "${FLUX_ROUNDS:-3}" --budget-s $(( FLUX_S - 10 )) --calibration-dir "$CAL" \
     --plan "${FLUX_PLAN:-flux-scaled:default@86,flux-scaled:both@86,flux-scaled:fp8@86,flux-scaled:default@89,flux-scaled:both@89,flux-scaled:default,flux-scaled:both,flux-scaled:fp8}" \
     > "$O/flux.log" 2>&1
   echo "flux rc=$?"; rm -rf /tmp/tk_models/flux*
@@ -54,7 +54,7 @@ if [ "${BENCH_S:-0}" != 0 ]; then
 fi
 if [ "${HUN_S:-0}" != 0 ]; then
   OUT="$O/hun" timeout "$HUN_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-hunyuan-scaled --steps 3 \
-    --rounds 2 --budget-s $(( HUN_S - 10 )) --calibration-dir "$CAL" \
+    --rounds "${HUN_ROUNDS:-2}" --budget-s $(( HUN_S - 10 )) --calibration-dir "$CAL" \
     --plan "${HUN_PLAN:-hunyuan-scaled:default@86,hunyuan-scaled:both@86,hunyuan-scaled:default@89,hunyuan-scaled:both@89,hunyuan-scaled:default,hunyuan-scaled:both}" \
     > "$O/hun.log" 2>&1
   echo "hun rc=$?"
