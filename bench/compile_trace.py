@@ -65,6 +65,9 @@ def summary(recs: list[dict], cache_dir: str | None = None, top: int = 12) -> di
     miss = [r for r in recs if r["hit"] is False]
     out = {"compiles": len(recs), "hits": sum(1 for r in recs if r["hit"]), "misses": len(miss),
            "miss_s": round(sum(r["s"] for r in miss), 2), "all_s": round(sum(r["s"] for r in recs), 2),
+           # Inductor's kernels (triton_poi_…, triton_per_…) compiled in this process, not in its workers
+           "inductor_misses": sum(1 for r in miss if r["name"].startswith("triton_")),
+           "inductor_miss_s": round(sum(r["s"] for r in miss if r["name"].startswith("triton_")), 2),
            "ptxas": sorted({r["ptxas"] for r in recs}),
            "slowest_misses": [[r["name"][:80], r["s"], r["ptxas"][-40:]]
                               for r in sorted(miss, key=lambda r: -r["s"])[:top]]}

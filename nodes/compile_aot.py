@@ -277,9 +277,16 @@ class Entries:
         self.load_s = 0.0
         self.lock = threading.Lock()
 
+    def _name(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", self.region.rsplit(".", 1)[-1])
+
     def path(self, key: str) -> str:
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.region.rsplit(".", 1)[-1])
-        return os.path.join(self.folder, f"{name}-{key}.bin")
+        return os.path.join(self.folder, f"{self._name()}-{key}.bin")
+
+    def saved_any(self) -> bool:
+        """Whether this class has an entry on disk in ``folder`` (of any key): a run that finds
+        none will compile."""
+        return bool(self.folder) and bool(glob.glob(os.path.join(glob.escape(self.folder), f"{self._name()}-*.bin")))
 
     def key(self, block: str, args, kwargs, skip: tuple) -> str:
         """The entry key of a call: the block's digest (:func:`block_key`) and the call's arguments without the ``skip`` entries of its dicts. The pack's

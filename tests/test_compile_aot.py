@@ -132,3 +132,49 @@ def test_guard_failure_is_told_from_other_errors(aot):
     assert aot.guard_failure(RuntimeError("GuardManager check failed, reason: ..."))
     assert not aot.guard_failure(RuntimeError("CUDA out of memory"))
     assert not aot.guard_failure(ValueError("GuardManager check failed"))
+
+
+def test_saved_any_sees_the_class_entries_on_disk(aot, tmp_path):
+    e = aot.Entries("comfy.ldm.flux.layers.DoubleStreamBlock", None, "default|auto", lambda x: x, lambda: None,
+                    {}, None, 8)
+    assert not e.saved_any()  # no folder yet (outside sampling)
+    e.folder = str(tmp_path / "aot-[x]")  # glob characters in the folder name
+    os.makedirs(e.folder)
+    assert not e.saved_any()
+    (tmp_path / "aot-[x]" / "SingleStreamBlock-abc.bin").write_bytes(b"x")  # another class's entry
+    assert not e.saved_any()
+    with open(e.path("abc"), "wb") as f:
+        f.write(b"x")
+    assert e.saved_any()
+
+
+def test_compile_workers_start_early_only_where_a_compile_is_coming(monkeypatch):
+    """The Triton Compile Model starts Inductor's compile workers when sampling starts, on CUDA,
+    when some class has no ahead-of-time entry yet (or is on Dynamo's path)."""
+    from torch._inductor import async_compile as ac
+
+    from tritonkit.nodes import compile_model as cm
+    calls = []
+    monkeypatch.setattr(ac, "maybe_warm_pool", lambda: calls.append("warm"))
+    monkeypatch.setattr(ac.AsyncCompile, "use_process_pool", classmethod(lambda cls: calls.append("probe")))
+    monkeypatch.setattr(ac, "get_compile_threads", lambda: 4)
+    assert not cm.warm_compile_workers(torch.device("cpu")) and not cm.warm_compile_workers(None)
+    assert calls == []
+    assert cm.warm_compile_workers(torch.device("cuda", 0)) and calls == ["warm", "probe"]
+    monkeypatch.setenv(cm.WARM_ENV, "0")
+    assert not cm.warm_compile_workers(torch.device("cuda", 0)) and calls == ["warm", "probe"]
+    monkeypatch.delenv(cm.WARM_ENV)
+    monkeypatch.setattr(ac, "get_compile_threads", lambda: 1)  # Inductor compiles in this process
+    calls.clear()
+    assert not cm.warm_compile_workers(torch.device("cuda", 0)) and calls == []
+
+    def comp(aot_state):
+        return types.SimpleNamespace(aot=aot_state)
+
+    def entries(saved, broken=None):
+        return types.SimpleNamespace(saved_any=lambda: saved, broken=broken)
+
+    assert not cm._needs_compile([comp(entries(True)), comp(entries(True))])  # a warm restart loads all
+    assert cm._needs_compile([comp(entries(True)), comp(entries(False))])
+    assert cm._needs_compile([comp(entries(True, broken="graph break")), comp(entries(True))])
+    assert cm._needs_compile([comp(None)])  # Dynamo's path
