@@ -74,6 +74,10 @@ WRAPPER_KEY = "tritonkit_compile"
 COMFY_COMPILE_KEY = "torch.compile"           # ComfyUI's set_torch_compile_wrapper
 ARTIFACT_FOLDER = "tritonkit_compile"
 MAX_STRUCTURES = 4                            # differently built blocks of one class (SDXL: depths)
+# A class found only in nested lists (not in a list of the diffusion model itself) is compiled when
+# the model has at least this many of it: HunyuanVideo's 2 TokenRefinerBlocks run on the text tokens
+# alone, and their compile (a third graph) cost more of a cold start than they ever save.
+MIN_NESTED_BLOCKS = 4
 # transformer_options entries ComfyUI rewrites per block, per call or per prompt: guards on them
 # would compile one graph per block (block_index) or per prompt (uuids)
 VOLATILE_OPTIONS = ("block_index", "block", "total_blocks", "block_type", "activations_shape",
@@ -112,10 +116,10 @@ def _is_container(m) -> bool:
 
 
 def find_regions(dm: torch.nn.Module, parts: str = "blocks") -> list[Region]:
-    """The repeated blocks of ``dm``: the elements of its ``nn.ModuleList``s whose class has two or
-    more such elements in the model (in one list, like Flux's double_blocks, or one per list, like
-    the UNets' transformer_blocks), or that sit in a list of ``dm`` itself (a model's main block
-    list, even of depth 1), in at most MAX_STRUCTURES different builds; outermost first
+    """The repeated blocks of ``dm``: the elements of its ``nn.ModuleList``s that sit in a list of
+    ``dm`` itself (a model's main block list, like Flux's double_blocks, even of depth 1), or whose
+    class has MIN_NESTED_BLOCKS or more such elements in the model's nested lists (one per list, like
+    the UNets' transformer_blocks), in at most MAX_STRUCTURES different builds; outermost first
     (nothing inside a chosen block is chosen again). With ``parts`` = blocks+glue also the
     top-level children that hold no block. Modules that are containers themselves, that define no
     ``forward`` of their own, or that carry their own ``forward`` attribute are left out."""
@@ -141,7 +145,8 @@ def find_regions(dm: torch.nn.Module, parts: str = "blocks") -> list[Region]:
 
     for path, k in cands:  # preorder: outer blocks come first
         cls = type(k)
-        if (count[cls] < 2 and cls not in top) or len(builds[cls]) > MAX_STRUCTURES or inside(path):
+        if (count[cls] < MIN_NESTED_BLOCKS and cls not in top) or len(builds[cls]) > MAX_STRUCTURES \
+                or inside(path):
             continue
         by_cls.setdefault(cls, Region(cls)).paths.append(path)
         taken.append(path)
