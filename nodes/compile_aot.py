@@ -32,9 +32,10 @@ What this file adds to the regional compile (nodes/compile_model.py):
   Dynamo's stance (the calibration's first call runs eagerly). ``TRITONKIT_COMPILE_AOT=0``
   switches the whole file off.
 
-Measured (full-size Flux @86 with both nodes, torch 2.11, 2026-11-23): the warm first step went
-from 11.7 to 5.5 s on an H100 and from 7.2 to 4.4 s on an H200, loading the two blocks in
-0.40-0.48 s; the cold compile cost the same as Dynamo's path on the same machine.
+Measured (full-size Flux and HunyuanVideo @86 with both nodes, torch 2.11): the first step after a
+restart costs 0.7-1.5 s over a steady step on an H100 and an H200 (2026-11-24, with the pack's
+ptxas pin, installer/ptxas.py; 4.4-9.1 s before it, of which ~4 s were Triton kernels compiled
+again under a second cache key); the cold compile costs the same as Dynamo's path on one machine.
 """
 from __future__ import annotations
 
