@@ -238,7 +238,8 @@ ENTRIES: tuple[TriageEntry, ...] = (
          r"ptxas[^\n]*fatal[^\n]*(?:Unsupported|not defined)"),
         "Triton used an older ptxas than the one it ships (TRITON_PTXAS_PATH, or CUDA_PATH's bin): unset "
         "TRITON_PTXAS_PATH, or update the CUDA toolkit at CUDA_PATH, or reinstall the Triton package with "
-        "'install.py' (triton-windows bundles a matching ptxas).",
+        "'install.py' (triton-windows bundles a matching ptxas). Where the pack set TRITON_PTXAS_PATH to "
+        "torch's own ptxas (as torch.compile does), TRITONKIT_PIN_PTXAS=0 leaves Triton's.",
         shows="`ptxas ... Unsupported .version 8.6; current version is '8.5'`",
         cause="an old ptxas (CUDA_PATH or TRITON_PTXAS_PATH)",
         remedy="unset `TRITON_PTXAS_PATH`, update CUDA, or `install.py`"),
