@@ -204,6 +204,21 @@ def c_compiler(env: dict | None = None, platform: str = sys.platform, triton_dir
 
 # ---------------------------------------------------------------------------- caches
 
+def ptxas_in_use(env: dict | None = None, triton_dir: str | None = None, platform: str = sys.platform) -> dict:
+    """The ptxas Triton runs in this process: ``TRITON_PTXAS_PATH`` where set (by the user, by
+    torch.compile, or by the pack, which sets torch's own as torch.compile would), else the one
+    Triton ships. ``{"path", "source", "exists"}``."""
+    env = os.environ if env is None else env
+    if env.get("TRITON_PTXAS_PATH"):
+        path, source = env["TRITON_PTXAS_PATH"], "TRITON_PTXAS_PATH"
+    elif triton_dir:
+        path = os.path.join(triton_dir, "backends", "nvidia", "bin", "ptxas.exe" if platform == "win32" else "ptxas")
+        source = "Triton's own"
+    else:
+        return {"path": None, "source": None, "exists": False}
+    return {"path": path, "source": source, "exists": os.path.isfile(path)}
+
+
 def cache_dirs(env: dict | None = None, platform: str = sys.platform, home: str | None = None,
                tmp: str | None = None, user: str | None = None) -> dict[str, str]:
     """Triton's and TorchInductor's cache folders, as those libraries compute them."""

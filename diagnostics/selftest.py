@@ -135,6 +135,7 @@ def collect_environment(python_dir: str | None = None) -> dict:
     rep["gpu"] = gpu
     rep["c_compiler"] = envmod.c_compiler(triton_dir=triton_dir)
     rep["cuda_path"] = os.environ.get("CUDA_PATH")
+    rep["ptxas"] = envmod.ptxas_in_use(triton_dir=triton_dir)
     dirs = envmod.cache_dirs()
     rep["caches"] = {name: {"path": p, "exists": os.path.isdir(p),
                             "bytes": envmod.folder_size(p) if os.path.isdir(p) else 0} for name, p in dirs.items()}
@@ -182,6 +183,9 @@ def format_report(rep: dict) -> str:
     lines.append(f"C compiler: {c['kind'] or 'none'}" + (f" ({c['path']})" if c.get("path") else "")
                  + (f" - {c['note']}" if c.get("note") else ""))
     lines.append(f"CUDA_PATH: {rep.get('cuda_path') or '(not set; the bundled/pip toolchain is used)'}")
+    px = rep.get("ptxas") or {}
+    if px.get("path"):
+        lines.append(f"ptxas: {px['path']} ({px['source']}" + ("" if px.get("exists") else "; MISSING") + ")")
     for name, cinfo in rep["caches"].items():
         size = envmod.human_bytes(cinfo["bytes"]) if cinfo["exists"] else "absent"
         lines.append(f"{name} cache: {cinfo['path']} ({size})")

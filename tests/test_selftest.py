@@ -21,6 +21,28 @@ def test_selftest_cpu_passes_and_reports():
     text = selftest.format_report(rep)
     assert text.startswith("Triton self-test: PASS")
     assert "torch " in text and "C compiler:" in text and "triton cache:" in text
+    if rep["ptxas"]["path"]:  # the Triton package's own, or TRITON_PTXAS_PATH's
+        assert f"ptxas: {rep['ptxas']['path']}" in text
+
+
+def test_ptxas_in_use(tmp_path):
+    tdir = tmp_path / "triton"
+    (tdir / "backends" / "nvidia" / "bin").mkdir(parents=True)
+    (tdir / "backends" / "nvidia" / "bin" / "ptxas.exe").write_bytes(b"p")
+    own = env.ptxas_in_use({}, str(tdir), "win32")
+    assert own == {"path": str(tdir / "backends" / "nvidia" / "bin" / "ptxas.exe"), "source": "Triton's own",
+                   "exists": True}
+    pinned = env.ptxas_in_use({"TRITON_PTXAS_PATH": str(tmp_path / "torch" / "bin" / "ptxas")}, str(tdir), "linux")
+    assert pinned["source"] == "TRITON_PTXAS_PATH" and not pinned["exists"]
+    assert env.ptxas_in_use({}, None)["path"] is None
+    rep = {"ptxas": pinned}
+    assert "; MISSING)" in next(ln for ln in _report_lines(rep) if ln.startswith("ptxas:"))
+
+
+def _report_lines(extra: dict) -> list:
+    rep = selftest.collect_environment()
+    rep.update(extra)
+    return selftest.format_report(rep).splitlines()
 
 
 def test_selftest_calls_from_several_threads_all_pass_and_keep_the_descriptors():
