@@ -17,6 +17,7 @@ from pathlib import Path
 _records: list[dict] = []
 _local = threading.local()
 _installed = False
+_saved: tuple = ()  # what install() replaced, for uninstall()
 
 
 def records() -> list[dict]:
@@ -53,10 +54,26 @@ def install() -> bool:
             _records.append({"name": name, "hit": hit, "s": round(time.perf_counter() - t0, 4), "ptxas": ptxas,
                              "thread": threading.current_thread().name})
 
+    global _saved
+    _saved = (knobs.compilation.listener, orig, tc.compile, triton.compile)
     knobs.compilation.listener = listener
     tcc.compile = tc.compile = triton.compile = compile
     _installed = True
     return True
+
+
+def uninstall() -> None:
+    """Puts Triton's entry points and listener back (tests) and forgets the records."""
+    global _installed, _saved
+    if not _installed:
+        return
+    import triton
+    import triton.compiler as tc
+    import triton.compiler.compiler as tcc
+    from triton import knobs
+    knobs.compilation.listener, tcc.compile, tc.compile, triton.compile = _saved
+    _installed, _saved = False, ()
+    _records.clear()
 
 
 def summary(recs: list[dict], cache_dir: str | None = None, top: int = 12) -> dict:
