@@ -426,7 +426,8 @@ def _calibration_state(attn_mod) -> dict:
         return {}
     snap = C.snapshot()
     return {"counters": dict(C.COUNTERS), "dir": snap["dir"], "timing": snap["timing"],
-            "entries": {k: v for st in snap["stores"] for k, v in st["entries"].items() if "choice" in v}}
+            "entries": {k: v for st in snap["stores"] for k, v in st["entries"].items()
+                        if "choice" in v or "config" in v}}
 
 
 def _calibration_delta(before: dict, after: dict) -> dict:
@@ -439,7 +440,11 @@ def _calibration_delta(before: dict, after: dict) -> dict:
     out = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("calibrations", "timed_runs", "autotunes")}
     out.update({k: round(c1[k] - c0.get(k, 0.0), 3) for k in ("calibration_s", "autotune_s") if k in c1})
     return {**out, "timing": after["timing"], "dir": after["dir"],
-            "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {})} for k, v in new.items()}}
+            "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {})}
+                            for k, v in new.items() if "choice" in v},
+            # block-config picks of the kernels' tuner, with every candidate's median (kernels/tuning.py)
+            "new_configs": {k: {"config": v["config"], "candidates_ms": v.get("candidates_ms", {})}
+                            for k, v in new.items() if "config" in v}}
 
 
 def _compile_phases(top: int = 12) -> dict:

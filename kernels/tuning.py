@@ -140,7 +140,9 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
         calibration.COUNTERS["autotunes"] += 1
         calibration.COUNTERS["autotune_s"] += time.perf_counter() - t0
         if best_ms is not None:
-            calibration.remember(device, key, {"config": list(best), "ms": round(best_ms, 5)})
+            # every candidate's median too: which configs ever win, across GPUs (the bench reports it)
+            calibration.remember(device, key, {"config": list(best), "ms": round(best_ms, 5), "candidates_ms": {
+                ",".join(map(str, c)): round(statistics.median(t), 5) for c, t in ms.items()}})
         return best
 
 

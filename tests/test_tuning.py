@@ -57,7 +57,8 @@ def test_fastest_is_picked_stored_and_read_back_without_timing(monkeypatch):
     a0 = C.COUNTERS["autotunes"]
     assert T.pick(CPU, "k|a", CANDS, run=runner(bench)) == CANDS[1]
     assert sorted(bench.timed) == sorted(CANDS) and C.COUNTERS["autotunes"] == a0 + 1
-    assert C.recall(CPU, "k|a") == {"config": list(CANDS[1]), "ms": 0.5}
+    assert C.recall(CPU, "k|a") == {"config": list(CANDS[1]), "ms": 0.5,
+                                    "candidates_ms": {",".join(map(str, c)): t for c, t in times.items()}}
     assert T.pick(CPU, "k|a", CANDS, run=runner(bench)) == CANDS[1] and len(bench.timed) == 3
 
     # a new process: nothing in memory, the store on disk
@@ -145,7 +146,10 @@ def test_close_candidates_are_timed_again_interleaved(monkeypatch):
     assert T.pick(CPU, "k|p1", CANDS, run=runner(bench)) == steady
     assert bench.timed[:3] == list(CANDS)
     assert bench.timed[3:] == [lucky, steady] * T.PLAYOFF_ROUNDS  # the best two, A B A B
-    assert C.recall(CPU, "k|p1") == {"config": list(steady), "ms": 1.0}
+    stored = C.recall(CPU, "k|p1")
+    assert (stored["config"], stored["ms"]) == (list(steady), 1.0)
+    assert stored["candidates_ms"] == {",".join(map(str, lucky)): 1.2, ",".join(map(str, steady)): 1.0,
+                                       ",".join(map(str, slow)): 2.0}  # medians, playoff timings included
     # a runner-up further than PLAYOFF_WITHIN behind: one timing each
     far = NoisyBench({lucky: [1.0], steady: [1.0 * T.PLAYOFF_WITHIN * 1.01], slow: [3.0]})
     monkeypatch.setattr(T, "time_ms", far)
