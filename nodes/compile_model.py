@@ -6,10 +6,11 @@ and a new resolution or frame count compiles everything again. This node compile
 class* once and runs every block of that class through the same compiled code (torch's
 "regional compilation" recipe):
 
-* Regions: the block lists of the diffusion model (``find_regions``): every ``nn.ModuleList`` of
-  two or more modules of one class and one structure (Flux/Chroma/HunyuanVideo
-  ``double_blocks``/``single_blocks``, WAN ``blocks``, SD3 ``joint_blocks``, the UNets'
-  ``transformer_blocks`` inside their SpatialTransformers...). With ``parts`` = blocks+glue the
+* Regions: the block lists of the diffusion model (``find_regions``): the elements of its own
+  ``nn.ModuleList``s (Flux/Chroma/HunyuanVideo ``double_blocks``/``single_blocks``, WAN ``blocks``,
+  SD3 ``joint_blocks``), and of nested lists a class with MIN_NESTED_BLOCKS or more elements (the
+  UNets' ``transformer_blocks`` inside their SpatialTransformers...; not HunyuanVideo's two
+  token-refiner blocks). With ``parts`` = blocks+glue the
   top-level modules that contain no block (embedders, final layer) are compiled too, each class
   once; the rest of the forward stays eager.
 * One compiled function per (block class, options): ``torch.compile`` of the class's
