@@ -25,7 +25,7 @@ except Exception:
 # two keys and a restarted ComfyUI compiles some of them again.
 try:
     _ptxas = importlib.import_module(".installer.ptxas", __name__)
-    _pinned = _ptxas.pin(os.environ, _ptxas.installed_torch_dir())
+    _pinned = _ptxas.pin(os.environ, _ptxas.installed_dir("torch"), _ptxas.installed_dir("triton"))
     if _pinned:
         log.debug("TritonKit: Triton uses torch's ptxas %s from the start (TRITONKIT_PIN_PTXAS=0 stops this)",
                   _pinned)

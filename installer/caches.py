@@ -73,7 +73,7 @@ def ptxas_identity(triton_dir: str | None, env: dict, platform: str, torch_dir: 
     Inductor does, the bundled one, or CUDA_PATH's), by path, size and date."""
     if env.get("TRITON_PTXAS_PATH"):
         return _file_id(env["TRITON_PTXAS_PATH"]) or env["TRITON_PTXAS_PATH"]
-    pinned = ptxasmod.pin(dict(env), torch_dir)
+    pinned = ptxasmod.pin(dict(env), torch_dir, triton_dir if platform != "win32" else None)
     if pinned:
         return _file_id(pinned)
     exe = "ptxas.exe" if platform == "win32" else "ptxas"

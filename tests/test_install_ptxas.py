@@ -66,9 +66,39 @@ def test_pin_agrees_with_the_installed_inductor():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     inductor = json.loads(r.stdout.strip().splitlines()[-1])
-    d = ptxas.installed_torch_dir()
+    d = ptxas.installed_dir("torch")
     assert d and os.path.isfile(os.path.join(d, "__init__.py"))
     assert ptxas.torch_ptxas(d) == inductor
+
+
+def _triton(tmp_path):
+    tdir = tmp_path / "triton"
+    (tdir / "backends" / "nvidia" / "bin").mkdir(parents=True)
+    (tdir / "backends" / "nvidia" / "bin" / "ptxas").write_bytes(b"triton's")
+    return tdir
+
+
+def test_no_pin_where_torchs_ptxas_is_older_than_tritons(tmp_path):
+    t, tdir = _torch(tmp_path), _triton(tmp_path)
+    versions = {str(t / "bin" / "ptxas"): (12, 6), str(tdir / "backends" / "nvidia" / "bin" / "ptxas"): (12, 8)}
+    env = {}
+    assert ptxas.pin(env, str(t), str(tdir), version=versions.get) is None and env == {}
+    versions[str(t / "bin" / "ptxas")] = (13, 0)  # newer (or the same): pinned, as Inductor would
+    assert ptxas.pin(env, str(t), str(tdir), version=versions.get) == str(t / "bin" / "ptxas")
+    env = {}
+    assert ptxas.pin(env, str(t), str(tdir), version=lambda p: None) == str(t / "bin" / "ptxas")  # unreadable
+
+
+def test_ptxas_version_reads_the_release():
+    def run(out):
+        return lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=out)
+    text = "ptxas: NVIDIA (R) Ptx optimizing assembler\nCuda compilation tools, release 13.0, V13.0.88\n"
+    assert ptxas.ptxas_version("/x/ptxas", run=run(text)) == (13, 0)
+    assert ptxas.ptxas_version("/x/ptxas", run=run("garbage")) is None
+
+    def missing(*a, **k):
+        raise FileNotFoundError(a[0][0])
+    assert ptxas.ptxas_version("/x/ptxas", run=missing) is None
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="executable bits")
@@ -78,9 +108,7 @@ def test_cache_fingerprint_names_the_pinned_ptxas(tmp_path):
     from tritonkit.installer import caches
     t = _torch(tmp_path)
     (t / "__init__.py").write_text("")
-    tdir = tmp_path / "triton"
-    (tdir / "backends" / "nvidia" / "bin").mkdir(parents=True)
-    (tdir / "backends" / "nvidia" / "bin" / "ptxas").write_bytes(b"triton's")
+    tdir = _triton(tmp_path)
     assert str(t / "bin" / "ptxas") in caches.ptxas_identity(str(tdir), {}, "linux", str(t))
     off = caches.ptxas_identity(str(tdir), {"TRITONKIT_PIN_PTXAS": "0"}, "linux", str(t))
     assert str(tdir / "backends" / "nvidia" / "bin" / "ptxas") in off
