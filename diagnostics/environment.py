@@ -204,6 +204,11 @@ def c_compiler(env: dict | None = None, platform: str = sys.platform, triton_dir
 
 # ---------------------------------------------------------------------------- caches
 
+def bundled_ptxas(triton_dir: str, platform: str = sys.platform) -> str:
+    """Where the Triton package keeps the ptxas it ships."""
+    return os.path.join(triton_dir, "backends", "nvidia", "bin", "ptxas.exe" if platform == "win32" else "ptxas")
+
+
 def ptxas_in_use(env: dict | None = None, triton_dir: str | None = None, platform: str = sys.platform) -> dict:
     """The ptxas Triton runs in this process: ``TRITON_PTXAS_PATH`` where set (by the user, by
     torch.compile, or by the pack, which sets torch's own as torch.compile would), else the one
@@ -212,7 +217,7 @@ def ptxas_in_use(env: dict | None = None, triton_dir: str | None = None, platfor
     if env.get("TRITON_PTXAS_PATH"):
         path, source = env["TRITON_PTXAS_PATH"], "TRITON_PTXAS_PATH"
     elif triton_dir:
-        path = os.path.join(triton_dir, "backends", "nvidia", "bin", "ptxas.exe" if platform == "win32" else "ptxas")
+        path = bundled_ptxas(triton_dir, platform)
         source = "Triton's own"
     else:
         return {"path": None, "source": None, "exists": False}

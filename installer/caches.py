@@ -36,7 +36,7 @@ import stat
 
 from ..diagnostics import environment as envmod
 from . import ptxas as ptxasmod
-from .common import Context, StepResult
+from .common import Context, StepResult, find_package_dir
 
 FINGERPRINT_SUFFIX = ".tritonkit-fingerprint.json"
 
@@ -79,21 +79,13 @@ def ptxas_identity(triton_dir: str | None, env: dict, platform: str, torch_dir: 
     exe = "ptxas.exe" if platform == "win32" else "ptxas"
     cands = []
     if triton_dir:
-        cands.append(os.path.join(triton_dir, "backends", "nvidia", "bin", exe))
+        cands.append(envmod.bundled_ptxas(triton_dir, platform))
     if env.get("CUDA_PATH"):
         cands.append(os.path.join(env["CUDA_PATH"], "bin", exe))
     for c in cands:
         ident = _file_id(c)
         if ident:
             return ident
-    return None
-
-
-def _torch_dir(site_packages) -> str | None:
-    for sp in site_packages or []:
-        d = os.path.join(sp, "torch")
-        if os.path.isfile(os.path.join(d, "__init__.py")):
-            return d
     return None
 
 
@@ -118,7 +110,7 @@ def fingerprint(target, env: dict, dists: dict[str, str], torch_version: str | N
         "torch": torch_version,
         "torch_cuda": torch_cuda_version(target.site_packages),
         "triton": ", ".join(f"{k} {v}" for k, v in sorted(dists.items())) or None,
-        "ptxas": ptxas_identity(triton_dir, env, target.platform, _torch_dir(target.site_packages)),
+        "ptxas": ptxas_identity(triton_dir, env, target.platform, find_package_dir(target.site_packages, "torch")),
         "cuda_path": env.get("CUDA_PATH"),
         "c_compiler": f"{cc['kind']} {cc['path']}" if cc.get("kind") else None,
     }

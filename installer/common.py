@@ -40,6 +40,15 @@ class StepResult:
         return asdict(self)
 
 
+def find_package_dir(site_packages: list[str], name: str) -> str | None:
+    """The folder of package ``name`` (one with an ``__init__.py``) in the first of ``site_packages`` that has it."""
+    for sp in site_packages or []:
+        d = os.path.join(sp, name)
+        if os.path.isfile(os.path.join(d, "__init__.py")):
+            return d
+    return None
+
+
 def no_registry(hive: str, key: str, value: str):
     """The registry reader of a machine without a Windows registry: every value is absent."""
     return None

@@ -15,6 +15,8 @@ import os
 import re
 import subprocess
 
+from ..diagnostics import environment as envmod
+
 DISABLE_ENV = "TRITONKIT_PIN_PTXAS"
 # where a torch version sets TRITON_PTXAS_PATH to its own ptxas (the function's name, searched as text
 # so that nothing of Inductor is imported when the pack loads)
@@ -42,35 +44,43 @@ def torch_ptxas(torch_dir: str | None) -> str | None:
     return None
 
 
-def triton_ptxas(triton_dir: str | None) -> str | None:
-    """The ptxas the Triton package ships (Linux name), where present."""
-    exe = os.path.join(triton_dir, "backends", "nvidia", "bin", "ptxas") if triton_dir else None
-    return exe if exe and os.path.isfile(exe) else None
-
-
-def ptxas_version(path: str, run=subprocess.run) -> tuple | None:
-    """(major, minor) of ``ptxas --version`` ("release 13.0"), or None where it cannot be read."""
-    try:
-        out = run([path, "--version"], capture_output=True, text=True, timeout=20).stdout or ""
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"release (\d+)\.(\d+)", out)
+def _release(text: str) -> tuple | None:
+    m = re.search(r"release (\d+)\.(\d+)", text or "")
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def pin(env: dict, torch_dir: str | None, triton_dir: str | None = None, version=ptxas_version) -> str | None:
+def ptxas_versions(paths: list, popen=subprocess.Popen) -> list:
+    """(major, minor) of ``ptxas --version`` ("release 13.0") for each of ``paths``, or None where it
+    cannot be read; the processes run side by side (this is on ComfyUI's start-up path)."""
+    procs = []
+    for p in paths:
+        try:
+            procs.append(popen([p, "--version"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        except (OSError, ValueError):
+            procs.append(None)
+    out = []
+    for proc in procs:
+        try:
+            out.append(_release(proc.communicate(timeout=20)[0]) if proc is not None else None)
+        except subprocess.SubprocessError:
+            proc.kill()
+            out.append(None)
+    return out
+
+
+def pin(env: dict, torch_dir: str | None, triton_dir: str | None = None, versions=ptxas_versions) -> str | None:
     """Sets ``TRITON_PTXAS_PATH`` in ``env`` to :func:`torch_ptxas` where neither the user nor
     anything else has set it (and the pin is not switched off), unless torch's ptxas is older than
-    the Triton package's own (``version`` reads both; an unreadable one does not stop the pin).
+    the Triton package's own (``versions`` reads both; an unreadable one does not stop the pin).
     Returns the path it set, else None."""
     if env.get("TRITON_PTXAS_PATH") or env.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     exe = torch_ptxas(torch_dir)
     if not exe:
         return None
-    own = triton_ptxas(triton_dir)
-    if own:
-        mine, theirs = version(exe), version(own)
+    own = envmod.bundled_ptxas(triton_dir, "linux") if triton_dir else None
+    if own and os.path.isfile(own):
+        mine, theirs = versions([exe, own])
         if mine and theirs and mine < theirs:
             return None
     env["TRITON_PTXAS_PATH"] = exe

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .common import StepResult
+from .common import StepResult, find_package_dir
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,7 @@ def classify(error_text: str) -> HandFix | None:
 
 
 def find_triton_dir(site_packages: list[str]) -> str | None:
-    for sp in site_packages:
-        d = os.path.join(sp, "triton")
-        if os.path.isfile(os.path.join(d, "__init__.py")):
-            return d
-    return None
+    return find_package_dir(site_packages, "triton")
 
 
 def hand_patches(triton_dir: str, upstream: bool) -> list[HandFix]:

@@ -81,24 +81,28 @@ def _triton(tmp_path):
 def test_no_pin_where_torchs_ptxas_is_older_than_tritons(tmp_path):
     t, tdir = _torch(tmp_path), _triton(tmp_path)
     versions = {str(t / "bin" / "ptxas"): (12, 6), str(tdir / "backends" / "nvidia" / "bin" / "ptxas"): (12, 8)}
+
+    def read(paths):
+        return [versions.get(p) for p in paths]
     env = {}
-    assert ptxas.pin(env, str(t), str(tdir), version=versions.get) is None and env == {}
+    assert ptxas.pin(env, str(t), str(tdir), versions=read) is None and env == {}
     versions[str(t / "bin" / "ptxas")] = (13, 0)  # newer (or the same): pinned, as Inductor would
-    assert ptxas.pin(env, str(t), str(tdir), version=versions.get) == str(t / "bin" / "ptxas")
+    assert ptxas.pin(env, str(t), str(tdir), versions=read) == str(t / "bin" / "ptxas")
     env = {}
-    assert ptxas.pin(env, str(t), str(tdir), version=lambda p: None) == str(t / "bin" / "ptxas")  # unreadable
+    assert ptxas.pin(env, str(t), str(tdir), versions=lambda ps: [None] * len(ps)) == str(t / "bin" / "ptxas")  # unreadable
 
 
-def test_ptxas_version_reads_the_release():
-    def run(out):
-        return lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=out)
-    text = "ptxas: NVIDIA (R) Ptx optimizing assembler\nCuda compilation tools, release 13.0, V13.0.88\n"
-    assert ptxas.ptxas_version("/x/ptxas", run=run(text)) == (13, 0)
-    assert ptxas.ptxas_version("/x/ptxas", run=run("garbage")) is None
-
-    def missing(*a, **k):
-        raise FileNotFoundError(a[0][0])
-    assert ptxas.ptxas_version("/x/ptxas", run=missing) is None
+@pytest.mark.skipif(sys.platform == "win32", reason="shell scripts stand in for ptxas")
+def test_ptxas_versions_reads_each_release(tmp_path):
+    def fake(name, text):
+        f = tmp_path / name
+        f.write_text(f"#!/bin/sh\nprintf '%s\\n' '{text}'\n")
+        f.chmod(0o755)
+        return str(f)
+    new = fake("new", "Cuda compilation tools, release 13.0, V13.0.88")
+    old = fake("old", "Cuda compilation tools, release 12.8, V12.8.93")
+    garbage = fake("garbage", "no version here")
+    assert ptxas.ptxas_versions([new, old, garbage, str(tmp_path / "missing")]) == [(13, 0), (12, 8), None, None]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="executable bits")
@@ -112,4 +116,5 @@ def test_cache_fingerprint_names_the_pinned_ptxas(tmp_path):
     assert str(t / "bin" / "ptxas") in caches.ptxas_identity(str(tdir), {}, "linux", str(t))
     off = caches.ptxas_identity(str(tdir), {"TRITONKIT_PIN_PTXAS": "0"}, "linux", str(t))
     assert str(tdir / "backends" / "nvidia" / "bin" / "ptxas") in off
-    assert caches._torch_dir([str(tmp_path / "none"), str(tmp_path)]) == str(t)
+    from tritonkit.installer.common import find_package_dir
+    assert find_package_dir([str(tmp_path / "none"), str(tmp_path)], "torch") == str(t)
