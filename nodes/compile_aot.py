@@ -290,8 +290,8 @@ class Entries:
         return bool(self.folder) and bool(glob.glob(os.path.join(glob.escape(self.folder), f"{self._name()}-*.bin")))
 
     def key(self, block: str, args, kwargs, skip: tuple) -> str:
-        """The entry key of a call: the block's digest (:func:`block_key`) and the call's arguments without the ``skip`` entries of its dicts. The pack's
-        calibrated choices are not in it: as on Dynamo's path (compile_model.TRACE_CHOICES_SOURCE),
+        """The entry key of a call: the block's digest (:func:`block_key`) and the call's arguments
+        without the ``skip`` entries of its dicts. The pack's calibrated choices are not in it: as on Dynamo's path (compile_model.TRACE_CHOICES_SOURCE),
         a block keeps the paths of the size it was traced at."""
         sizes = {None: "token", False: "exact", True: "any"}[self.dynamic]
         desc = (self.region, self.opts_key, block, fingerprint(args, skip, tokens=sizes),
