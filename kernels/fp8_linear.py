@@ -32,6 +32,7 @@ import triton.language as tl
 import triton.runtime.errors
 
 from . import tuning
+from .device import capability
 from .runtime import cdiv, eager_plain, next_pow2
 from .fp8 import LAUNCHES, _FMT, _op_exists, OP_NAMESPACE, decode, fp8_bits_to_f32_bits, launchable, wrapping_int_math
 
@@ -158,10 +159,10 @@ def _launch_cuda(args, consts, M, N, K, device):
             return w8a16_linear_kernel.run(*args, grid=grid, warmup=True, **kw)
         return w8a16_linear_kernel[grid](*args, **kw)
 
-    cc = torch.cuda.get_device_capability(device)
+    cc = capability(device)
     bucket = m_bucket(M)
-    key = "fp8_linear_config|sm{}{}|M{}|N{}|K{}|{}".format(
-        cc[0], cc[1], bucket, N, K, "|".join(f"{k}{v}" for k, v in sorted(consts.items())))
+    key = "fp8_linear_config|sm{}|M{}|N{}|K{}|{}".format(
+        cc, bucket, N, K, "|".join(f"{k}{v}" for k, v in sorted(consts.items())))
     cands = _configs_for_bucket(bucket)
     cfg = tuning.pick(device, key, cands, run=launch, warm=lambda c: launch(c, warmup=True))
     try:
@@ -187,7 +188,7 @@ def cuda_supports(act_dtype: torch.dtype, device) -> bool:
     """bf16 MMA needs sm80; fp16 works from sm75."""
     if act_dtype != torch.bfloat16:
         return True
-    return torch.cuda.get_device_capability(device)[0] >= 8
+    return capability(device) >= 80
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,

@@ -40,5 +40,5 @@ def effective_arch(device) -> Optional[int]:
     dev = torch.device(device) if device is not None else None
     if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
         return None
-    major, minor = torch.cuda.get_device_capability(dev)
-    return major * 10 + minor
+    from ..kernels.device import capability  # here: bench/workflow.py loads this file on its own
+    return capability(dev)  # cached: a constant in traced code, not a graph op

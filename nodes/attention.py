@@ -13,6 +13,7 @@ from collections import Counter
 
 import torch
 
+from ..kernels.device import capability
 from .arch import ARCH_ENV, CUDNN_SDPA_ARCHS, arch_forced, effective_arch
 
 log = logging.getLogger("TritonKit")
@@ -275,6 +276,9 @@ def describe(mode: str, model) -> str:
 
 
 def patch_model(model, mode: str):
+    dev = getattr(model, "load_device", None)
+    if dev is not None and torch.device(dev).type == "cuda" and torch.cuda.is_available():
+        capability(dev)  # looked up here, in eager code: a compiled model's traced calls read it as a constant
     clone = model.clone()
     topts = clone.model_options.setdefault("transformer_options", {})
     topts["optimized_attention_override"] = make_override(mode)
