@@ -419,6 +419,20 @@ def test_compiles_for_every_arch():
     assert len(results) == len(jobs)
 
 
+def test_sm86_family_int8_candidates_compile_within_its_shared_memory():
+    """The int8 configs of the ~100 KB-shared-memory family that COMPILE_SPECS does not cover (only
+    each table's first config is there): on sm86 with 16-bit P·V, on sm89 and sm120 with fp8 P·V,
+    down to the cubin, inside the family's shared-memory budget."""
+    default = A.candidates(86, 128, 2, True)[0]
+    extra = [c for c in A.candidates(86, 128, 2, True) if c != default and c[3] >= 3 and c[0] == 128]
+    assert extra, "the 3-stage 128-row int8 config is a candidate on sm86"
+    for cc, pv in ((86, 0), (89, 1), (120, 1)):
+        for cfg in extra:
+            kernel, sig, consts, opts = A._spec(torch.bfloat16, True, 128, cfg, (cc,), pv_mode=pv, align8=True)
+            k = compile_for(kernel, sig, consts, cc, opts["num_warps"], opts["num_stages"])
+            assert len(k.asm["cubin"]) and k.metadata.shared <= A._SMEM["sm86"], (cc, cfg, k.metadata.shared)
+
+
 def test_every_arch_has_specs():
     archs = {cc for spec in A.COMPILE_SPECS for cc in spec[3]["archs"]}
     assert archs == set(ARCHS)
