@@ -51,8 +51,9 @@ def install() -> bool:
             return orig(*args, **kwargs)
         finally:
             name, hit = _local.last or (getattr(args[0] if args else None, "name", "?"), None)
-            _records.append({"name": name, "hit": hit, "s": round(time.perf_counter() - t0, 4), "ptxas": ptxas,
-                             "thread": threading.current_thread().name})
+            t1 = time.perf_counter()
+            _records.append({"name": name, "hit": hit, "s": round(t1 - t0, 4), "ptxas": ptxas,
+                             "thread": threading.current_thread().name, "t0": t0, "t1": t1})
 
     global _saved
     _saved = (knobs.compilation.listener, orig, tc.compile, triton.compile)
@@ -76,12 +77,34 @@ def uninstall() -> None:
     _records.clear()
 
 
+def busy_s(recs: list[dict]) -> float:
+    """Wall seconds during which at least one of ``recs`` was compiling (the union of their
+    intervals): against their summed seconds it says how many ran at once."""
+    total, end = 0.0, None
+    for r in sorted(recs, key=lambda r: r["t0"]):
+        if end is None or r["t0"] >= end:
+            total += r["t1"] - r["t0"]
+            end = r["t1"]
+        elif r["t1"] > end:
+            total += r["t1"] - end
+            end = r["t1"]
+    return total
+
+
 def summary(recs: list[dict], cache_dir: str | None = None, top: int = 12) -> dict:
     """Counts, seconds and the slowest misses of ``recs``; with ``cache_dir`` (Triton's), the kernel
-    names stored under more than one key."""
+    names stored under more than one key. ``miss_busy_s``: wall seconds with a miss compiling (the
+    compiles' share of a first step's wall time, however many ran at once); ``misses_by_name``:
+    count and summed seconds per kernel."""
     miss = [r for r in recs if r["hit"] is False]
+    by_name: dict = {}
+    for r in miss:
+        n, s = by_name.get(r["name"][:60], (0, 0.0))
+        by_name[r["name"][:60]] = (n + 1, round(s + r["s"], 2))
     out = {"compiles": len(recs), "hits": sum(1 for r in recs if r["hit"]), "misses": len(miss),
            "miss_s": round(sum(r["s"] for r in miss), 2), "all_s": round(sum(r["s"] for r in recs), 2),
+           "miss_busy_s": round(busy_s(miss), 2), "hit_s": round(sum(r["s"] for r in recs if r["hit"]), 2),
+           "misses_by_name": dict(sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]),
            # Inductor's kernels (triton_poi_…, triton_per_…) compiled in this process, not in its workers
            "inductor_misses": sum(1 for r in miss if r["name"].startswith("triton_")),
            "inductor_miss_s": round(sum(r["s"] for r in miss if r["name"].startswith("triton_")), 2),

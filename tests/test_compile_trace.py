@@ -38,5 +38,15 @@ def test_records_misses_hits_and_keys(trace, tmp_path):
     s = trace.summary(recs, str(tmp_path / "triton"))
     assert (s["compiles"], s["hits"], s["misses"], s["inductor_misses"]) == (3, 1, 2, 0), s
     assert s["miss_s"] > 0 and s["names_under_several_keys"] == [(kernel.__name__, 2)], s
+    # one after the other here: the wall seconds with a miss compiling are the misses' own seconds
+    assert s["miss_busy_s"] == pytest.approx(sum(r["t1"] - r["t0"] for r in recs if r["hit"] is False), abs=0.02)
+    assert s["misses_by_name"] == {kernel.__name__: (2, pytest.approx(s["miss_s"], abs=0.02))}, s
     trace.uninstall()
     assert trace.records() == [] and triton.compile.__module__ == "triton.compiler.compiler"
+
+
+def test_busy_seconds_count_overlaps_once():
+    import compile_trace
+    recs = [{"t0": 0.0, "t1": 2.0}, {"t0": 1.0, "t1": 3.0}, {"t0": 5.0, "t1": 6.0}, {"t0": 5.5, "t1": 5.8}]
+    assert compile_trace.busy_s(recs) == pytest.approx(4.0)
+    assert compile_trace.busy_s([]) == 0.0
