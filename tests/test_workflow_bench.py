@@ -320,8 +320,8 @@ def test_interleaved_rounds_report_median_spread_and_per_round_ratios():
     import workflow as wf
     runs = [wf.Run.parse(x) for x in ("flux:default", "hunyuan:default", "flux:both", "hunyuan:both")]
     order = [r.label for r in wf.interleave(runs, 3)]
-    assert order == ["flux:default", "flux:both", "flux:default#r2", "flux:both#r2", "flux:default#r3",
-                     "flux:both#r3", "hunyuan:default", "hunyuan:both", "hunyuan:default#r2", "hunyuan:both#r2",
+    assert order == ["flux:default", "flux:both", "flux:both#r2", "flux:default#r2", "flux:default#r3",
+                     "flux:both#r3", "hunyuan:default", "hunyuan:both", "hunyuan:both#r2", "hunyuan:default#r2",
                      "hunyuan:default#r3", "hunyuan:both#r3"]
     with pytest.raises(ValueError):
         wf.interleave(runs, 0)
