@@ -10,6 +10,7 @@
 #            second size, and a warm restart in a new process (4 steps; REG_PLAN, REG_PRESET, REG_STEPS
 #            replace the plan, the preset and the steps; TK_BENCH_TRACE_COMPILES=1 prints which Triton
 #            compiles of the cold and the restarted process missed Triton's cache)
+#   FLUX_ARGS / HUN_ARGS  more bench/workflow.py options for those parts (e.g. --warm-rounds for compiled rounds)
 # The workflows run on ComfyUI 0.8.0 with a cold calibration (one folder for the whole call).
 # Prepare here: `bash bench/device_workflow.sh --prepare`, then carry .device/whl and
 # .device/comfyui-0.8.0.tar.gz (and .device/whl-attn for comfy-kitchen 0.2.40 in the attention bench, if the
@@ -40,7 +41,7 @@ if [ "${FLUX_S:-0}" != 0 ]; then
   OUT="$O/flux" timeout "$FLUX_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-scaled --steps 6 \
     --rounds "${FLUX_ROUNDS:-3}" --budget-s $(( FLUX_S - 10 )) --calibration-dir "$CAL" \
     --plan "${FLUX_PLAN:-flux-scaled:default@86,flux-scaled:both@86,flux-scaled:fp8@86,flux-scaled:default@89,flux-scaled:both@89,flux-scaled:default,flux-scaled:both,flux-scaled:fp8}" \
-    > "$O/flux.log" 2>&1
+    ${FLUX_ARGS:-} > "$O/flux.log" 2>&1
   echo "flux rc=$?"; rm -rf /tmp/tk_models/flux*
   runs_table "$O/flux/workflow.md"
 fi
@@ -56,7 +57,7 @@ if [ "${HUN_S:-0}" != 0 ]; then
   OUT="$O/hun" timeout "$HUN_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-hunyuan-scaled --steps 3 \
     --rounds "${HUN_ROUNDS:-2}" --budget-s $(( HUN_S - 10 )) --calibration-dir "$CAL" \
     --plan "${HUN_PLAN:-hunyuan-scaled:default@86,hunyuan-scaled:both@86,hunyuan-scaled:default@89,hunyuan-scaled:both@89,hunyuan-scaled:default,hunyuan-scaled:both}" \
-    > "$O/hun.log" 2>&1
+    ${HUN_ARGS:-} > "$O/hun.log" 2>&1
   echo "hun rc=$?"
   runs_table "$O/hun/workflow.md"
 fi

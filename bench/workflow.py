@@ -249,13 +249,27 @@ def sdpa_backend(arch: str, device: str) -> str | None:
 
 
 @contextlib.contextmanager
-def _cold_compile(compiled: bool):
+def _cold_compile(compiled: bool, own_cache: str | None = None):
     """No FX-graph / AOTAutograd cache hits for a compiled run: every run pays (and reports) the
     compile a user's first run pays, and a run with another SDPA backend setting (the @86
-    simulation) cannot reuse a graph traced with cuDNN attention (a cache hit did, before)."""
+    simulation) cannot reuse a graph traced with cuDNN attention (a cache hit did, before).
+
+    ``own_cache`` (``--warm-rounds``): Inductor's caches in that folder instead, one per model,
+    configuration and arch, so the first round of a configuration compiles cold and its later
+    rounds load the same graphs from its own folder, never another configuration's (s/step is
+    the same code either way; the cold compile is reported from the first round)."""
     if not compiled:
         yield
         return
+    if own_cache is not None:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+        except ImportError:  # an older torch: every round cold
+            temporary_cache_dir = None
+        if temporary_cache_dir is not None:
+            with temporary_cache_dir(own_cache):
+                yield
+            return
     import torch._functorch.config as fcfg
     import torch._inductor.config as icfg
     with icfg.patch(fx_graph_cache=False), fcfg.patch(enable_autograd_cache=False):
@@ -466,6 +480,29 @@ def _compile_phases(top: int = 12) -> dict:
         return {"unavailable": f"{type(e).__name__}: {e}"}
 
 
+# --compile-backend census: Dynamo traces as under TorchCompileModel, every graph's operations are
+# counted (``graph_census`` in the run's record) and the graph then runs eagerly. Two configurations'
+# censuses say whether the pack changed the graph Inductor would get, without Inductor's minutes.
+CENSUS_BACKEND = "tritonkit_census"
+_CENSUS: list = []
+
+
+def census_backend(gm, example_inputs):
+    import collections
+    ops = collections.Counter()
+    for n in gm.graph.nodes:
+        if n.op in ("call_function", "call_method", "call_module"):
+            ops[f"{n.op}:{getattr(n.target, '__name__', None) or n.target}"] += 1
+    _CENSUS.append({"nodes": len(gm.graph.nodes), "inputs": len(example_inputs), "ops": dict(sorted(ops.items()))})
+    return gm.forward
+
+
+def _register_census_backend() -> None:
+    from torch._dynamo import list_backends, register_backend
+    if CENSUS_BACKEND not in list_backends(exclude_tags=()):
+        register_backend(name=CENSUS_BACKEND)(census_backend)
+
+
 def _dynamo_counters() -> dict:
     from torch._dynamo.utils import counters
     return {"frames": counters["frames"].get("total", 0), "frames_ok": counters["frames"].get("ok", 0),
@@ -495,9 +532,10 @@ def _inductor_files_since(d: str, since: float):
         yield path, text
 
 
-def _fp8e4nv_kernels(since: float) -> dict:
-    """Triton kernels Inductor wrote since ``since`` and how many use the fp8e4nv type."""
-    d = _inductor_dir()
+def _fp8e4nv_kernels(since: float, d: str | None = None) -> dict:
+    """Triton kernels Inductor wrote since ``since`` (in ``d``, default its cache folder) and how many
+    use the fp8e4nv type."""
+    d = d or _inductor_dir()
     if not d or not os.path.isdir(d):
         return {"triton_kernels": 0, "fp8e4nv_kernels": 0}
     wrapped = [0, 0]   # kernels inside Inductor's output code (async_compile.triton('name', '''src'''))
@@ -514,12 +552,12 @@ def _fp8e4nv_kernels(since: float) -> dict:
     return {"triton_kernels": n, "fp8e4nv_kernels": bad}
 
 
-def _compile_fp8e4nv_kernel_for(since: float, cc: int) -> dict:
+def _compile_fp8e4nv_kernel_for(since: float, cc: int, d: str | None = None) -> dict:
     """Compiles (for sm``cc``, to the cubin) the first Inductor kernel written since ``since``
     that uses fp8e4nv: what a real GPU of that arch would do with this compiled graph. Official
     Triton refuses fp8e4nv below sm89; the error is recorded, never raised."""
     import re
-    d = _inductor_dir()
+    d = d or _inductor_dir()
     if not d or not os.path.isdir(d):
         return {"status": "no Inductor cache dir"}
     sources = []  # (name, kernel source): kernel files, and kernels inside Inductor's output code
@@ -670,16 +708,22 @@ class StepTimer:
     """An APPLY_MODEL wrapper: GPU-synchronised start/end of every diffusion-model call and the
     dynamo frame count at each start."""
 
-    def __init__(self, device, profile: int = 0):
+    def __init__(self, device, profile: int = 0, kernel_call: int = 0):
         self.device = device
         self.starts, self.ends, self.frames = [], [], []
         self.profile = profile      # profile this many first calls (cProfile; PROFILE_ENV)
         self.profiles: list = []
+        self.kernel_call = kernel_call  # this call (1-based) under torch.profiler (KERNEL_TIME_ENV)
+        self.kernel_time: dict | None = None
 
     def __call__(self, executor, *args, **kwargs):
         _sync(self.device)
         self.frames.append(_dynamo_counters()["frames"])
         self.starts.append(time.perf_counter())
+        if len(self.starts) == self.kernel_call and self.device == "cuda":
+            out, self.kernel_time = _kernel_time(lambda: executor(*args, **kwargs))
+            self.ends.append(time.perf_counter())
+            return out
         prof = None
         if len(self.starts) <= self.profile:
             import cProfile
@@ -695,10 +739,45 @@ class StepTimer:
         self.ends.append(time.perf_counter())
         return out
 
+
     def step_times(self) -> list[float]:
         s = self.starts
         return [s[i + 1] - s[i] for i in range(len(s) - 1)] + ([self.ends[-1] - s[-1]] if s else [])
 
+
+# TK_BENCH_KERNEL_TIME=1: the last diffusion-model call of every run under torch.profiler, in the JSON
+# as ``kernel_time``: the call's wall time, its GPU kernels' summed time, the span from the first
+# kernel's start to the last one's end and the GPU's idle time inside it (where the GPU waited for
+# the host), and the kernels that took longest. Two runs whose kernels sum alike but whose calls
+# differ in wall time differ on the host.
+KERNEL_TIME_ENV = "TK_BENCH_KERNEL_TIME"
+
+
+def _kernel_time(call, top: int = 8):
+    from torch.profiler import ProfilerActivity, profile
+    t0 = time.perf_counter()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            out = call()
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - the profiler must not fail the run: the call is made again
+        torch.cuda.synchronize()
+        return call(), {"error": f"{type(e).__name__}: {e}"[:300]}
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    try:
+        kernels = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy = sum(e.time_range.end - e.time_range.start for e in kernels) / 1e3
+        span = (max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)) / 1e3 \
+            if kernels else 0.0
+        by_name: dict = {}
+        for e in kernels:
+            by_name[e.name[:70]] = by_name.get(e.name[:70], 0.0) + (e.time_range.end - e.time_range.start) / 1e3
+        rec = {"wall_ms": round(wall_ms, 2), "kernels": len(kernels), "kernel_ms": round(busy, 2),
+               "span_ms": round(span, 2), "gpu_idle_in_span_ms": round(span - busy, 2),
+               "top": [[n, round(ms, 2)] for n, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]]}
+    except Exception as e:  # noqa: BLE001
+        rec = {"wall_ms": round(wall_ms, 2), "error": f"{type(e).__name__}: {e}"[:300]}
+    return out, rec
 
 # TK_BENCH_PROFILE=N: cProfile the first N diffusion-model calls of every run, in the JSON as
 # ``first_calls_profile`` (where a first step's seconds go: calibration, Triton compiles, Dynamo,
@@ -756,12 +835,17 @@ def _second_resolution(st, m, run_opts: dict, cond, neg, latent, seed: int, devi
 
 
 def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, device: str,
-            compile_backend: str, second_latent=None, regional_opts: dict | None = None) -> dict:
+            compile_backend: str, second_latent=None, regional_opts: dict | None = None,
+            warm_rounds: str | None = None) -> dict:
     import comfy.patcher_extension as pe
     fp8_mode, attn_mode = CONFIGS[run.config]
     rec = {"run": run.label, "model": run.model, "config": run.config, "fp8": fp8_mode, "attention": attn_mode,
            "compiled": run.compiled, "regional": run.regional, "arch": run.arch, "steps": steps,
            "sdpa": sdpa_backend(run.arch, device), "round": run.round, "base_label": run.base_label}
+    own_cache = None
+    if warm_rounds and run.compiled:
+        own_cache = os.path.join(warm_rounds, run.base_label.replace(":", "-").replace("@", "-at"))
+        rec["inductor_cache"] = "warm" if os.path.isdir(own_cache) else "cold"
     compile_mod = inproc.node_module(COMPILE_NODE) if run.regional else None
     torch._dynamo.reset()
     from torch._dynamo.utils import counters
@@ -769,7 +853,8 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     arch_env = None if run.arch == "native" else run.arch
     fp8_mod, attn_mod = inproc.node_module(FP8_NODE), inproc.node_module(ATTN_NODE)
     trace_from = len(compile_trace.records())
-    with _env(**{ARCH_ENV: arch_env}), _sdpa_as_on(run.arch, device), _cold_compile(run.compiled), \
+    census_from = len(_CENSUS)
+    with _env(**{ARCH_ENV: arch_env}), _sdpa_as_on(run.arch, device), _cold_compile(run.compiled, own_cache), \
             _fp8_compute_as_on(run.arch):
         m = base
         if fp8_mode:
@@ -779,7 +864,10 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
         if attn_mode:
             m = inproc.call_node(ATTN_NODE, model=m, mode=attn_mode)[0]
         if run.compiled:
-            m = inproc.call_node("TorchCompileModel", model=m, backend=compile_backend)[0]
+            if compile_backend == "census":
+                _register_census_backend()
+            m = inproc.call_node("TorchCompileModel", model=m,
+                                 backend=CENSUS_BACKEND if compile_backend == "census" else compile_backend)[0]
         if run.regional:
             # no _cold_compile here: whether this run is cold or warm is the state of the cache
             # folders (--compile-cache), which is what this node is about
@@ -788,7 +876,8 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
         patched_layers = sum(1 for k in getattr(m, "object_patches", {}) if k.endswith(".forward_comfy_cast_weights"))
         base_fp8_layers = _fp8_op_layers(base)
         m = m.clone()
-        timer = StepTimer(device, int(os.environ.get(PROFILE_ENV, "0") or 0))
+        timer = StepTimer(device, int(os.environ.get(PROFILE_ENV, "0") or 0),
+                          kernel_call=steps if os.environ.get(KERNEL_TIME_ENV) else 0)
         m.add_wrapper_with_key(pe.WrappersMP.APPLY_MODEL, "tritonkit_bench_timer", timer)
         c_fp8, c_attn = _counter_snapshot(fp8_mod), _counter_snapshot(attn_mod)
         calib_before = _calibration_state(attn_mod)
@@ -809,11 +898,15 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
             if second_latent is not None:
                 rec["second_res"] = _second_resolution(st, m, rec["regional_opts"], cond, neg, second_latent, seed,
                                                        device, compile_mod)
+    if len(_CENSUS) > census_from:
+        rec["graph_census"] = _CENSUS[census_from:]
     steps_t = timer.step_times()
     rec["step_times_s"] = [round(x, 5) for x in steps_t]
     rec["first_step_s"] = steps_t[0] if steps_t else None
     if timer.profiles:
         rec["first_calls_profile"] = timer.profiles
+    if timer.kernel_time is not None:
+        rec["kernel_time"] = timer.kernel_time
     if os.environ.get(TRACE_ENV):
         rec["triton_compiles"] = compile_trace.summary(compile_trace.records()[trace_from:],
                                                        os.environ.get("TRITON_CACHE_DIR"))
@@ -852,10 +945,13 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
         rec["dynamo"]["first_compiling_step"] = None if first is None else first + 1
         rec["dynamo"]["recompiles"] = 0 if first is None else marks[-1] - marks[first + 1]
         if device == "cuda" and compile_backend == "inductor":
-            rec["inductor"] = _fp8e4nv_kernels(t_start - 1)
+            # a run with its own cache folder (--warm-rounds) counts every kernel there: a warm round
+            # writes none, it loads the first round's
+            since = 0.0 if own_cache else t_start - 1
+            rec["inductor"] = _fp8e4nv_kernels(since, own_cache)
             if run.arch != "native" and rec["inductor"]["fp8e4nv_kernels"]:
                 # what this graph does on a real GPU of that arch: official Triton refuses fp8e4nv below sm89
-                rec["inductor"]["compile_for_arch"] = _compile_fp8e4nv_kernel_for(t_start - 1, int(run.arch))
+                rec["inductor"]["compile_for_arch"] = _compile_fp8e4nv_kernel_for(since, int(run.arch), own_cache)
     rec["fp8_counters"] = _delta(c_fp8, _counter_snapshot(fp8_mod))
     rec["quantized_layers"] = _quantized_layers(base)
     if fp8_mode:
@@ -1028,7 +1124,8 @@ def markdown(meta: dict, results: list[dict]) -> str:
                 notes.append(", ".join(f"{a}={b}" for a, b in sorted(r[k].items())[:6]))
         lines.append("| " + " | ".join([
             r["run"], r["fp8"] or "–", r["attention"] or "–",
-            "regional" if r.get("regional") else "yes" if r["compiled"] else "no", r["arch"],
+            "regional" if r.get("regional") else ("yes (own cache, warm)" if r.get("inductor_cache") == "warm"
+                                                 else "yes") if r["compiled"] else "no", r["arch"],
             _fmt(r.get("s_per_step")), _fmt(r.get("speedup_vs_default_same_mode"), 2),
             _fmt(r.get("speedup_vs_default_eager"), 2), _fmt(r.get("first_step_s"), 2), _fmt(r.get("compile_s"), 1),
             _fmt(r.get("peak_mem_gib"), 2), _fmt(r.get("rel_err"), 4), _fmt(r.get("cosine"), 5),
@@ -1124,7 +1221,7 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
               models_dir=None, budget_s: float | None = None, compile_backend: str = "inductor",
               seed: int = 0, command: str | None = None, log=print, overrides: dict | None = None,
               rounds: int = 1, second_res: bool = True, restart: bool = False,
-              regional_opts: dict | None = None) -> dict:
+              regional_opts: dict | None = None, warm_rounds: bool = False) -> dict:
     """Builds the models, runs the plan and returns {"meta", "runs", "markdown", "results"}
     (``results`` keep the final latents as tensors)."""
     t_begin = time.perf_counter()
@@ -1158,6 +1255,8 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
         log(f"[workflow] nodes not registered: {missing}; runs that need them will fail")
     results: list[dict] = []
     loaded: dict = {}
+    own_caches = tempfile.mkdtemp(prefix="tk_inductor_rounds_") if warm_rounds else None
+    meta["warm_rounds"] = bool(warm_rounds)
     seen_compile: dict = {}
     seen_step: dict = {}
 
@@ -1216,8 +1315,9 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
         if run.regional and second_res and spec.get("second"):
             second = empty_latent(model, dict(spec, **spec["second"]))
             est += 3 * seen_step.get(run.model, 1.0) * second["samples"].numel() / latent["samples"].numel()
-        if run.compiled:
-            est += seen_compile.get(run.model, 120.0 if device == "cuda" else 30.0)
+        if run.compiled and not (own_caches and run.round > 1):
+            # the census backend traces only (no Inductor): Dynamo's seconds
+            est += seen_compile.get(run.model, 30.0 if compile_backend == "census" or device != "cuda" else 120.0)
         if left() is not None and left() < est:
             results.append({"run": run.label, "model": run.model, "config": run.config, "compiled": run.compiled,
                             "arch": run.arch, "skipped": f"time budget ({left():.0f} s left, ~{est:.0f} s needed)"})
@@ -1226,10 +1326,10 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
         log(f"[workflow] {run.label} …")
         try:
             rec = run_one(st, model, run, cond, neg, latent, n_steps, seed, device, compile_backend,
-                          second_latent=second, regional_opts=regional_opts)
+                          second_latent=second, regional_opts=regional_opts, warm_rounds=own_caches)
             if rec.get("s_per_step"):
                 seen_step[run.model] = max(seen_step.get(run.model, 0), rec["s_per_step"])
-            if rec.get("compile_s"):
+            if rec.get("compile_s") and rec.get("inductor_cache") != "warm":
                 seen_compile[run.model] = max(seen_compile.get(run.model, 0), rec["compile_s"] * 1.2)
             log(f"[workflow]   {rec['s_per_step']:.4f} s/step, first step {rec['first_step_s']:.2f} s"
                 + (f", peak {rec['peak_mem_gib']:.2f} GiB" if "peak_mem_gib" in rec else ""))
@@ -1320,7 +1420,8 @@ def main(argv=None):
     ap.add_argument("--out", default="artifacts/workflow", help="folder for workflow.json / workflow.md")
     ap.add_argument("--models-dir", help="where the random fp8 models are written (default: a temp folder)")
     ap.add_argument("--budget-s", type=float, help="skip runs that would not finish within this many seconds")
-    ap.add_argument("--compile-backend", default="inductor", help="backend given to TorchCompileModel")
+    ap.add_argument("--compile-backend", default="inductor", help="backend given to TorchCompileModel ('census': "
+                    "Dynamo's graphs are counted by operation, then run eagerly: what the pack changes in the graph)")
     ap.add_argument("--hunyuan-frames", type=int, help="override the HunyuanVideo frame count")
     ap.add_argument("--hunyuan-size", help="override the HunyuanVideo WxH, e.g. 960x544")
     ap.add_argument("--seed", type=int, default=0)
@@ -1340,6 +1441,9 @@ def main(argv=None):
                     "preset's second size (Flux 768², HunyuanVideo 49 frames)")
     ap.add_argument("--regional-opts", help="JSON options of the Triton Compile Model node, default "
                     + json.dumps(REGIONAL_OPTS))
+    ap.add_argument("--warm-rounds", action="store_true", help="compiled (TorchCompileModel) runs keep Inductor's "
+                    "caches per model, configuration and arch: round 1 compiles cold, later rounds load their own "
+                    "configuration's graphs (their compile column is then a cache load)")
     ap.add_argument("--overrides-json", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if os.environ.get(TRACE_ENV) and not compile_trace.install():
@@ -1366,7 +1470,7 @@ def main(argv=None):
         print(f"[workflow] compile caches in {cache_root}")
     res = run_bench(a.preset, a.plan, a.steps, a.out, a.models_dir, a.budget_s, a.compile_backend, a.seed, cmd,
                     overrides=ov, rounds=a.rounds, second_res=not a.no_second_res, restart=a.restart,
-                    regional_opts=ropts)
+                    regional_opts=ropts, warm_rounds=a.warm_rounds)
     print(res["markdown"])
     if a.expect_stored:
         timed = {r["run"]: r["calibration"] for r in res["results"]

@@ -210,7 +210,7 @@ def test_regional_runs_report_against_their_twins():
     assert "warm restart 2.5 s" in md and "x1.020 of TorchCompileModel" in md
 
 
-def test_arch_simulation_compares_with_the_default_of_that_arch(monkeypatch):
+def test_arch_simulation_compares_with_the_default_of_that_arch(monkeypatch, tmp_path):
     """@86 rows are timed against default@86 (ComfyUI's SDPA as torch runs it on an sm86: no cuDNN),
     accuracy stays against the native default; without a default@86 the native one is used."""
     import torch
@@ -236,6 +236,13 @@ def test_arch_simulation_compares_with_the_default_of_that_arch(monkeypatch):
     with wf._cold_compile(False):
         assert (icfg.fx_graph_cache, fcfg.enable_autograd_cache) == was
     assert (icfg.fx_graph_cache, fcfg.enable_autograd_cache) == was
+    # --warm-rounds: Inductor's caches in the configuration's own folder for the run, then back
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    before = cache_dir()
+    own = str(tmp_path / "flux-both-compiled-at86")
+    with wf._cold_compile(True, own):
+        assert cache_dir() == own and (icfg.fx_graph_cache, fcfg.enable_autograd_cache) == was
+    assert cache_dir() == before
     ref = torch.randn(1, 16, 8, 8)
 
     def row(config, arch, s, latent, compiled=False):
@@ -368,3 +375,38 @@ def test_budget_estimate_for_loading_a_model():
     assert wf.load_estimate_s("cpu", tiny, written=False) < 30
     assert wf.model_name("flux-scaled", full) != wf.model_name("flux-scaled", tiny)
     assert wf.model_name("flux-scaled", full) != wf.model_name("flux", full)
+
+
+def test_first_steps_lines():
+    import first_steps
+    doc = {"runs": [
+        {"run": "flux:both@86", "s_per_step": 0.2, "first_step_s": 12.5,
+         "calibration": {"calibrations": 20, "calibration_s": 9.0, "autotunes": 30, "autotune_s": 7.5},
+         "triton_compiles": {"misses": 40, "miss_s": 41.0, "miss_busy_s": 8.2, "hits": 3, "hit_s": 0.1,
+                             "misses_by_name": {"attn_fwd_kernel": [6, 9.1]}}},
+        {"run": "flux:both:compiled#r2", "s_per_step": 0.17, "first_step_s": 5.0, "compile_s": 4.8,
+         "inductor_cache": "warm"},
+        {"run": "flux:fp8", "error": "RuntimeError: boom"}]}
+    out = first_steps.lines(doc)
+    assert out[0].startswith("flux:both@86: 0.2000 s/step, first 12.50 s; calibrated 20 (9.0 s), tuned 30 (7.5 s)")
+    assert "triton misses 40 (41.0 s, busy 8.2 s; hits 3 0.1 s) [attn_fwd_kernel 6x 9.1s]" in out[0]
+    assert out[1] == "flux:both:compiled#r2: 0.1700 s/step, first 5.00 s; compile 4.8 s (warm cache)"
+    assert out[2] == "flux:fp8: RuntimeError: boom"
+
+
+def test_kernel_time_records_a_call(monkeypatch):
+    """TK_BENCH_KERNEL_TIME's probe on CPU (no kernels to see): the call's result comes back, its wall
+    time is recorded, and a profiler failure falls back to the plain call."""
+    import torch
+    import workflow as wf
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    x = torch.randn(64, 64)
+    out, rec = wf._kernel_time(lambda: x @ x)
+    assert torch.equal(out, x @ x) and rec["wall_ms"] > 0 and rec["kernels"] == 0 and rec["kernel_ms"] == 0
+
+    class Broken:
+        def __init__(self, *a, **k):
+            raise RuntimeError("no profiler here")
+    monkeypatch.setattr(torch.profiler, "profile", Broken)
+    out, rec = wf._kernel_time(lambda: x + 1)
+    assert torch.equal(out, x + 1) and "no profiler here" in rec["error"]

@@ -1,0 +1,84 @@
+"""What the runs of one or more ``bench/workflow.py`` results spent their first step on, one line a run.
+
+    python bench/first_steps.py artifacts/rounds/hun/workflow.json [more workflow.json ...]
+
+Per run: s/step, the first step, the compile (compiled runs) and whether Inductor's cache was the run's
+own warm one (``--warm-rounds``), what the pack's calibration did in the run (shape classes timed, block
+configs tuned, their seconds), and, with ``TK_BENCH_TRACE_COMPILES=1``, the Triton compiles that missed
+the cache: how many, their summed seconds, the wall seconds during which at least one was compiling
+(``busy``), and the kernels that took longest. Made to read a GPU call's results in its output tail."""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _f(x, nd=2):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def lines(doc: dict) -> list[str]:
+    out = []
+    for r in doc.get("runs", []):
+        if r.get("error") or r.get("skipped"):
+            out.append(f"{r['run']}: {r.get('error') or r.get('skipped')}"[:300])
+            continue
+        cal = r.get("calibration") or {}
+        tc = r.get("triton_compiles") or {}
+        parts = [f"{r['run']}: {_f(r.get('s_per_step'), 4)} s/step, first {_f(r.get('first_step_s'))} s"]
+        if r.get("compile_s") is not None:
+            parts.append(f"compile {_f(r['compile_s'], 1)} s" + (f" ({r['inductor_cache']} cache)"
+                                                                  if r.get("inductor_cache") else ""))
+        if cal.get("calibrations") or cal.get("autotunes"):
+            parts.append(f"calibrated {cal.get('calibrations', 0)} ({_f(cal.get('calibration_s'), 1)} s), "
+                         f"tuned {cal.get('autotunes', 0)} ({_f(cal.get('autotune_s'), 1)} s)")
+        if tc:
+            names = ", ".join(f"{n} {c}x {s}s" for n, (c, s) in list((tc.get("misses_by_name") or {}).items())[:4])
+            parts.append(f"triton misses {tc.get('misses')} ({tc.get('miss_s')} s, busy {tc.get('miss_busy_s')} s"
+                         f"; hits {tc.get('hits')} {tc.get('hit_s')} s) [{names}]")
+        kt = r.get("kernel_time")
+        if kt:
+            parts.append(f"last call {kt.get('wall_ms')} ms wall, {kt.get('kernels')} kernels {kt.get('kernel_ms')} ms, "
+                         f"GPU idle {kt.get('gpu_idle_in_span_ms')} ms" + (f" ({kt['error']})" if kt.get("error") else ""))
+        out.append("; ".join(parts))
+    return out
+
+
+def census_diff(doc: dict) -> list[str]:
+    """Per run with a ``graph_census`` (``--compile-backend census``): the operations whose counts
+    differ from the default run of the same arch (summed over the run's graphs)."""
+    def total(r):
+        out: dict = {}
+        for g in r.get("graph_census") or []:
+            for op, n in g["ops"].items():
+                out[op] = out.get(op, 0) + n
+        return out
+    runs = [r for r in doc.get("runs", []) if r.get("graph_census")]
+    base = {r["arch"]: total(r) for r in runs if r.get("config") == "default"}
+    lines = []
+    for r in runs:
+        if r.get("config") == "default" or r["arch"] not in base:
+            continue
+        mine, ref = total(r), base[r["arch"]]
+        diff = {op: (ref.get(op, 0), mine.get(op, 0)) for op in set(mine) | set(ref) if mine.get(op, 0) != ref.get(op, 0)}
+        lines.append(f"{r['run']} vs default: {len(diff)} ops differ" + "".join(
+            f"\n  {op}: {a} -> {b}" for op, (a, b) in sorted(diff.items())[:40]))
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    for path in argv:
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"{path}: {e}")
+            continue
+        print(f"== {path}")
+        for ln in lines(doc) + census_diff(doc):
+            print(ln)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
