@@ -9,6 +9,13 @@ from typing import Optional
 
 import torch
 
+try:
+    from ..kernels.device import capability
+except ImportError:  # this file loaded on its own (bench/workflow.py reads CUDNN_SDPA_ARCHS from it)
+    def capability(device):
+        major, minor = torch.cuda.get_device_capability(device)
+        return major * 10 + minor
+
 ARCH_ENV = "TRITONKIT_FORCE_ARCH"
 
 # Where torch's SDPA prefers its cuDNN backend (check_prefer_cudnn_attention in torch's
@@ -40,5 +47,4 @@ def effective_arch(device) -> Optional[int]:
     dev = torch.device(device) if device is not None else None
     if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
         return None
-    from ..kernels.device import capability  # here: bench/workflow.py loads this file on its own
     return capability(dev)  # cached: a constant in traced code, not a graph op
