@@ -1202,9 +1202,9 @@ def _converts_scaled_fp8() -> bool:
 def interleave(runs: list, rounds: int) -> list:
     """The plan ``rounds`` times, interleaved per model, every second round in reverse order
     (A B C, C B A, A B C …): no configuration always runs in the same place of a round, after the
-    same neighbour (on an H100 a compiled configuration that always ran second measured 2-4 %
-    slower than the first over three sessions, on identical kernels). A model's runs stay together
-    so it is loaded once."""
+    same neighbour, so a position effect cannot pass for a configuration's (the compiled native Flux
+    gap of 2026-11-24 was not one: it held with the order reversed). A model's runs stay together so
+    it is loaded once."""
     if rounds < 1:
         raise ValueError(f"--rounds must be at least 1, not {rounds}")
     order: dict = {}
