@@ -32,6 +32,10 @@ def lines(doc: dict) -> list[str]:
         if cal.get("calibrations") or cal.get("autotunes"):
             parts.append(f"calibrated {cal.get('calibrations', 0)} ({_f(cal.get('calibration_s'), 1)} s), "
                          f"tuned {cal.get('autotunes', 0)} ({_f(cal.get('autotune_s'), 1)} s)")
+        if cal.get("deferred_calls") or r.get("calibrating_steps"):
+            parts.append(f"{cal.get('prepared', 0)} prepared, {cal.get('deferred_calls', 0)} calls deferred, "
+                         f"calibrating steps {r.get('calibrating_steps')}, timed from step {r.get('timed_from_step')}, "
+                         f"extra {_f(r.get('calibration_extra_s'))} s, steps {r.get('step_times_s')}")
         if tc:
             names = ", ".join(f"{n} {c}x {s}s" for n, (c, s) in list((tc.get("misses_by_name") or {}).items())[:4])
             parts.append(f"triton misses {tc.get('misses')} ({tc.get('miss_s')} s, busy {tc.get('miss_busy_s')} s"

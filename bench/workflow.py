@@ -445,6 +445,14 @@ def _calibration_state(attn_mod) -> dict:
                         if "choice" in v or "config" in v}}
 
 
+def _calibration_counter(attn_mod):
+    """A function giving the calibration's work so far (see StepTimer), or None without the pack."""
+    C = _calibration_module(attn_mod)
+    if C is None:
+        return None
+    return lambda: sum(C.COUNTERS.get(k, 0) for k in ("calibrations", "autotunes", "deferred_calls"))
+
+
 def _calibration_delta(before: dict, after: dict) -> dict:
     """What the calibration measured during one run: shape classes timed, candidate runs, and the
     choices it made (with their timings); every choice in the store is in the JSON's meta."""
@@ -452,7 +460,8 @@ def _calibration_delta(before: dict, after: dict) -> dict:
         return {}
     c0, c1 = before.get("counters", {}), after["counters"]
     new = {k: v for k, v in after["entries"].items() if before.get("entries", {}).get(k) != v}
-    out = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("calibrations", "timed_runs", "autotunes")}
+    out = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("calibrations", "timed_runs", "autotunes", "prepared",
+                                                      "deferred_calls")}
     out.update({k: round(c1[k] - c0.get(k, 0.0), 3) for k in ("calibration_s", "autotune_s") if k in c1})
     return {**out, "timing": after["timing"], "dir": after["dir"],
             "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {})}
@@ -703,14 +712,43 @@ def image_tokens(latent: dict) -> int:
     return math.prod(s[2:-2]) * (s[-2] // 2) * (s[-1] // 2)
 
 
+def timed_steps(steps_t: list, frame_marks: list | None, calib_marks: list) -> tuple:
+    """(index of the first timed step, indices of the steps that calibrated, seconds the calibration
+    added on top of its steps or None).
+
+    Step 1 is never timed. A compiled run (``frame_marks``: Dynamo's frame count at each step's start,
+    then at the end) is timed from the step after the last one in which Dynamo compiled: the pack's
+    calibration runs a compiled model's first call eagerly when a shape class is not measured yet,
+    so Inductor then compiles in step 2. An eager run (``calib_marks``: the calibration's work count at
+    each step's start, then at the end) is timed from the step after the last one that calibrated:
+    a new shape class is timed at a later call than its first while its candidates compile in the
+    background (kernels/prepare.py), and until then it runs its default path."""
+    n = len(steps_t)
+    first_timed = 1
+    if frame_marks is not None:
+        compiling = [i for i in range(n) if frame_marks[i + 1] > frame_marks[i]]
+        if compiling and compiling[-1] + 1 < n:
+            first_timed = max(1, compiling[-1] + 1)
+    calibrating = [i for i in range(n) if len(calib_marks) > i + 1 and calib_marks[i + 1] > calib_marks[i]]
+    extra = None
+    if frame_marks is None and calibrating and calibrating[-1] + 1 < n:
+        first_timed = max(first_timed, calibrating[-1] + 1)
+        extra = round(sum(steps_t[:first_timed]) - first_timed * statistics.median(steps_t[first_timed:]), 3)
+    return first_timed, calibrating, extra
+
+
 # --------------------------------------------------------------------------- one run
 class StepTimer:
     """An APPLY_MODEL wrapper: GPU-synchronised start/end of every diffusion-model call and the
     dynamo frame count at each start."""
 
-    def __init__(self, device, profile: int = 0, kernel_call: int = 0):
+    def __init__(self, device, profile: int = 0, kernel_call: int = 0, calib_count=None):
         self.device = device
         self.starts, self.ends, self.frames = [], [], []
+        # the pack's calibration work done so far (shape classes timed, configs tuned, calls that
+        # ran a default while candidates compiled), at each call's start: which steps calibrated
+        self.calib_count = calib_count or (lambda: 0)
+        self.calib: list = []
         self.profile = profile      # profile this many first calls (cProfile; PROFILE_ENV)
         self.profiles: list = []
         self.kernel_call = kernel_call  # this call (1-based) under torch.profiler (KERNEL_TIME_ENV)
@@ -719,6 +757,7 @@ class StepTimer:
     def __call__(self, executor, *args, **kwargs):
         _sync(self.device)
         self.frames.append(_dynamo_counters()["frames"])
+        self.calib.append(self.calib_count())
         self.starts.append(time.perf_counter())
         if len(self.starts) == self.kernel_call and self.device == "cuda":
             out, self.kernel_time = _kernel_time(lambda: executor(*args, **kwargs))
@@ -877,7 +916,8 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
         base_fp8_layers = _fp8_op_layers(base)
         m = m.clone()
         timer = StepTimer(device, int(os.environ.get(PROFILE_ENV, "0") or 0),
-                          kernel_call=steps if os.environ.get(KERNEL_TIME_ENV) else 0)
+                          kernel_call=steps if os.environ.get(KERNEL_TIME_ENV) else 0,
+                          calib_count=_calibration_counter(attn_mod))
         m.add_wrapper_with_key(pe.WrappersMP.APPLY_MODEL, "tritonkit_bench_timer", timer)
         c_fp8, c_attn = _counter_snapshot(fp8_mod), _counter_snapshot(attn_mod)
         calib_before = _calibration_state(attn_mod)
@@ -913,12 +953,13 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     # timed steps: from step 2, or for a compiled run from the step after the last one in which
     # dynamo compiled (the pack's calibration runs a compiled model's first call eagerly when a
     # shape class is not measured yet, so Inductor then compiles in step 2)
-    first_timed = 1
-    if run.compiled or run.regional:
-        marks = timer.frames + [dynamo_main["frames"]]  # not the second size's frames
-        compiling = [i for i in range(len(steps_t)) if marks[i + 1] > marks[i]]
-        if compiling and compiling[-1] + 1 < len(steps_t):
-            first_timed = max(1, compiling[-1] + 1)
+    compiled = run.compiled or run.regional
+    first_timed, calibrating, extra = timed_steps(
+        steps_t, timer.frames + [dynamo_main["frames"]] if compiled else None,  # not the second size's frames
+        timer.calib[:len(steps_t)] + [timer.calib_count()])
+    rec["calibrating_steps"] = [i + 1 for i in calibrating]
+    if extra is not None:
+        rec["calibration_extra_s"] = extra
     rest = steps_t[first_timed:]
     rec["timed_from_step"] = first_timed + 1
     # the median of the timed steps: one slow step (an allocator or lazy-load hiccup, seen at 0.75 s

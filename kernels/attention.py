@@ -53,6 +53,7 @@ import triton.language as tl
 from . import calibration, tuning
 from .device import capability
 from .runtime import INTERPRETER_LOCK, cdiv, eager_plain, kernel_for, next_pow2
+from .runtime import launch as launch_kernel
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -596,9 +597,9 @@ def _quantize(x, strides, B, H, L, D, block_d, mult, per_row, block_l, mean=None
     scale = torch.empty((B, H, L if per_row else nblk), dtype=torch.float32, device=dev)
     int64 = max(L * max(strides[2], 1), L * block_d) >= INT64_THRESHOLD
     grid = (nblk * B * H,)
-    kernel_for(quant_int8_kernel, dev.type)[grid](
-        x, mean if mean is not None else scale, out, scale, L, H, float(mult),
-        strides[0], strides[1], strides[2],
+    launch_kernel(
+        kernel_for(quant_int8_kernel, dev.type), grid,
+        x, mean if mean is not None else scale, out, scale, L, H, float(mult), strides[0], strides[1], strides[2],
         out.stride(0), out.stride(1), out.stride(2),
         scale.stride(0), scale.stride(1),
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=block_l, PER_ROW=per_row, SUB_MEAN=mean is not None,
@@ -715,14 +716,16 @@ def _quantize_v_fp8(v4, sv, B, H, L, D, block_d):
     amax = torch.zeros((B, H, block_d), dtype=torch.float32, device=dev)
     int64 = max(L * max(sv[2], 1), cdiv(L, 128) * 128 * block_d) >= INT64_THRESHOLD
     chunk = 256
-    kernel_for(v_absmax_kernel, dev.type)[(cdiv(L, chunk) * B * H,)](
+    launch_kernel(
+        kernel_for(v_absmax_kernel, dev.type), (cdiv(L, chunk) * B * H,),
         v4, amax, L, H, sv[0], sv[1], sv[2],
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=32, CHUNK=chunk, INT64=int64, ALIGN8=_align8(v4, D, sv),
         num_warps=4)
     l_pad = cdiv(L, 128) * 128
     out = torch.empty((B, H, block_d, l_pad), dtype=torch.float8_e4m3fn, device=dev)
     block_l = 64
-    kernel_for(quant_v_fp8_kernel, dev.type)[(cdiv(l_pad, block_l) * B * H,)](
+    launch_kernel(
+        kernel_for(quant_v_fp8_kernel, dev.type), (cdiv(l_pad, block_l) * B * H,),
         v4, amax, out, L, H, sv[0], sv[1], sv[2], out.stride(0), out.stride(1), out.stride(2),
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=block_l, INT64=int64, ALIGN8=_align8(v4, D, sv), num_warps=4)
     return out, amax
@@ -904,9 +907,8 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
             qs_ = ks_ = o_out  # unused pointers
             qss = kss = (0, 0)
         grid = (cdiv(Lq, bm) * B * H,)
-        launch = kern[grid] if not warmup else (lambda *a, **kw: kern.run(*a, grid=grid, warmup=True, **kw))
-        launch(
-            qa, ka, va, o_out, m4 if m4 is not None else o_out, qs_, ks_,
+        launch_kernel(
+            kern, grid, qa, ka, va, o_out, m4 if m4 is not None else o_out, qs_, ks_,
             vs_ if vs_ is not None else o_out, kd, vd,
             sm_scale, Lq, Lk, H, H // Hk, tma[0], tma[1], tma[2],
             sqa[0], sqa[1], sqa[2], ska[0], ska[1], ska[2], sva[0], sva[1], sva[2],
@@ -914,7 +916,8 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
             qss[0], qss[1], kss[0], kss[1],
             HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn,
             MASK_KIND=kind, IS_CAUSAL=bool(causal), INT8=bool(int8), DOT_F32=dot_f32, INT64=int64,
-            ALIGN8=align8, PV_MODE=pv_mode, USE_TMA=kd is not o_out, WARP_SPEC=ws, num_warps=nw, num_stages=ns)
+            ALIGN8=align8, PV_MODE=pv_mode, USE_TMA=kd is not o_out, WARP_SPEC=ws, num_warps=nw, num_stages=ns,
+            warmup=warmup)
 
     if cfg is None:
         cfg = choose_config(dev, cc, q.dtype, block_d, int8, kind, causal, Lq, Lk, run, o, variants, B * H)

@@ -15,6 +15,12 @@ runs and restarts read the choice and time nothing.
   ignored with one log line (and replaced on the next write), never an error.
 * ``TRITONKIT_CALIBRATION=0`` switches timing off: calls use the caller's conservative default.
   A device that can't be timed (CPU, the Triton interpreter) uses the default too.
+* A new shape class does not stall the model while its candidates compile: its first call starts
+  their compiles in the background (kernels/prepare.py) and runs the caller's default path; the
+  first call after they are ready times them. So the compiles of every shape class a first step
+  meets overlap each other and the model's own work. :func:`synchronous` (a compiled model's eager
+  first call), ``TRITONKIT_CALIBRATION_DEFER=0`` or a Triton without asynchronous compiles time at
+  the first call instead (after compiling the candidates all at once).
 * Under ``torch.compile`` tracing nothing is timed: :func:`choose` returns the stored choice or
   the default (the nodes make the first call of a compiled model eager so it gets calibrated).
 * Timing: CUDA events, a few warm-ups, the median of several repetitions taken in interleaved
@@ -27,6 +33,8 @@ This module knows nothing of ComfyUI: the nodes install a progress-bar factory
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import logging
@@ -74,8 +82,17 @@ _progress_factory: Optional[Callable] = None
 _recording: Optional[set] = None
 # calibrations: shape classes timed; timed_runs: candidate timings; autotunes: block-config timings
 # (kernels/tuning.py); loads: store files read; calibration_s / autotune_s: seconds they took (the
-# calibrations' include the autotunes run inside them)
-COUNTERS = {"calibrations": 0, "timed_runs": 0, "autotunes": 0, "loads": 0, "calibration_s": 0.0, "autotune_s": 0.0}
+# calibrations' include the autotunes run inside them, not the background compiles before them);
+# prepared: shape classes whose candidates were compiled ahead of their timing (kernels/prepare.py);
+# deferred_calls: calls that ran the default path while those compiles ran
+COUNTERS = {"calibrations": 0, "timed_runs": 0, "autotunes": 0, "loads": 0, "calibration_s": 0.0, "autotune_s": 0.0,
+            "prepared": 0, "deferred_calls": 0}
+# (str(device), key) -> kernels.prepare.Prepared: shape classes whose candidates compile in the background
+_PENDING: dict = {}
+DEFER_ENV = "TRITONKIT_CALIBRATION_DEFER"
+_defer_override: Optional[bool] = None
+# set inside synchronous(): a shape class is timed at its first call (a compiled model's eager first call)
+_SYNC = contextvars.ContextVar("tritonkit_calibration_sync", default=False)
 _logged: set = set()
 
 
@@ -104,6 +121,40 @@ def set_timer(fn: Optional[Callable]) -> None:
     device (CPU included) is timed; tests use this with a fake clock."""
     global _timer
     _timer = fn
+
+
+def set_deferral(flag: Optional[bool]) -> None:
+    """Whether a new shape class keeps its default path while its candidates compile in the
+    background, and is timed at a later call (:func:`choose`): True / False, or None for the
+    automatic answer (:func:`deferring`). Tests set it with a fake timer."""
+    global _defer_override
+    _defer_override = flag
+
+
+def deferring() -> bool:
+    """Whether :func:`choose` defers the timing of a new shape class (see the module docstring):
+    not inside :func:`synchronous`, not with ``TRITONKIT_CALIBRATION_DEFER=0``, and, unless
+    :func:`set_deferral` says otherwise, only with the CUDA timer where Triton compiles
+    asynchronously."""
+    if _SYNC.get() or os.environ.get(DEFER_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if _defer_override is not None:
+        return _defer_override
+    if _timer is not None:
+        return False
+    from . import prepare
+    return prepare.available()
+
+
+@contextlib.contextmanager
+def synchronous():
+    """Every new shape class met inside is timed at its first call (its candidates still compile in
+    parallel first): a compiled model's first call runs eagerly to calibrate everything it meets."""
+    tok = _SYNC.set(True)
+    try:
+        yield
+    finally:
+        _SYNC.reset(tok)
 
 
 def set_progress_factory(fn: Optional[Callable]) -> None:
@@ -257,6 +308,7 @@ def reset() -> None:
         _device_env.clear()
         _CHOICES.clear()
         _TRACE_CHOICES.clear()
+        _PENDING.clear()
         _logged.clear()
         for k in COUNTERS:
             COUNTERS[k] = 0.0 if k.endswith("_s") else 0
@@ -474,21 +526,26 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         hit = _CHOICES.get((dkey, key))
         if hit in candidates:
             return hit
+        if _prepare_first(dkey, key, candidates, prefer):
+            return default
         bar = _progress_factory(len(candidates)) if _progress_factory is not None else None
         step = (lambda name: bar.update(1)) if bar is not None else None  # noqa: E731
         timings, errors = {}, {}
         t0 = time.perf_counter()
-        if _timer is not None:
-            results = {}
-            for name, fn in candidates.items():
-                try:
-                    results[name] = _timer(name, fn)
-                except Exception as e:  # noqa: BLE001
-                    results[name] = e
-                if step is not None:
-                    step(name)
-        else:
-            results = cuda_timer_interleaved(candidates, on_warm=step)
+        # the candidates' own block configs are tuned at once here, not deferred (kernels/tuning.py):
+        # each candidate is timed at its best
+        with synchronous():
+            if _timer is not None:
+                results = {}
+                for name, fn in candidates.items():
+                    try:
+                        results[name] = _timer(name, fn)
+                    except Exception as e:  # noqa: BLE001
+                        results[name] = e
+                    if step is not None:
+                        step(name)
+            else:
+                results = cuda_timer_interleaved(candidates, on_warm=step)
         for name, res in results.items():
             if isinstance(res, Exception):  # a path that fails here is simply not chosen
                 errors[name] = f"{type(res).__name__}: {str(res).splitlines()[0][:160] if str(res) else ''}"
@@ -510,6 +567,35 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
                  choice, ", ".join(f"{k} {v:.3f} ms" for k, v in timings.items()) or "no candidate ran",
                  time.perf_counter() - t0, st.path)
         return choice
+
+
+def _prepare_first(dkey: str, key: str, candidates: dict, prefer: Optional[str]) -> bool:
+    """Before a shape class is timed, its candidates' kernels are compiled, in the background
+    (kernels/prepare.py), all at once. True when the timing waits for a later call: the compiles
+    were just started, or still run, and :func:`deferring` (this call then runs the default path).
+    ``prefer`` (ComfyUI's own path) has nothing of ours to compile and is not run."""
+    if _timer is not None and _defer_override is None:
+        return False  # a test's fake clock: nothing to compile ahead
+    from . import prepare
+    if not prepare.available():
+        return False
+    pend = _PENDING.get((dkey, key))
+    defer = deferring()
+    if pend is None:
+        pend = prepare.prepare({n: fn for n, fn in candidates.items() if n != prefer})
+        COUNTERS["prepared"] += 1
+        if defer:
+            _PENDING[(dkey, key)] = pend
+            COUNTERS["deferred_calls"] += 1
+            log_once("deferred", "TritonKit calibration: each new shape class keeps its default path while its "
+                     "candidates compile in the background, and is timed at a later call once they are ready",
+                     level=logging.INFO)
+            return True
+    elif defer and not pend.done():
+        COUNTERS["deferred_calls"] += 1
+        return True
+    _PENDING.pop((dkey, key), None)
+    return False
 
 
 def remember(device, key: str, value: dict) -> None:

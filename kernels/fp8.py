@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from .runtime import INTERPRETER_LOCK, Serialized, cdiv, eager_plain, kernel_for, next_pow2
+from .runtime import launch as launch_kernel
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -329,7 +330,7 @@ def _launch_1d(kernel, n, block, warps, args, consts):
     grid = (cdiv(n, block),)
     k = launchable(kernel, dev)
     if dev == "cuda":
-        k[grid](*args, **consts, BLOCK=block, BIG=big, num_warps=warps)
+        launch_kernel(k, grid, *args, **consts, BLOCK=block, BIG=big, num_warps=warps)
     else:
         with wrapping_int_math():
             k[grid](*args, **consts, BLOCK=block, BIG=big)

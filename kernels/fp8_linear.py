@@ -34,6 +34,7 @@ import triton.runtime.errors
 from . import tuning
 from .device import capability
 from .runtime import cdiv, eager_plain, next_pow2
+from .runtime import launch as launch_kernel
 from .fp8 import LAUNCHES, _FMT, _op_exists, OP_NAMESPACE, decode, fp8_bits_to_f32_bits, launchable, wrapping_int_math
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -155,9 +156,7 @@ def _launch_cuda(args, consts, M, N, K, device):
         grid = (cdiv(N, bn) * cdiv(M, bm),)
         kw = dict(consts, EVEN_K=even_k, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, GROUP=group, num_warps=warps,
                   num_stages=stages)
-        if warmup:
-            return w8a16_linear_kernel.run(*args, grid=grid, warmup=True, **kw)
-        return w8a16_linear_kernel[grid](*args, **kw)
+        return launch_kernel(w8a16_linear_kernel, grid, *args, warmup=warmup, **kw)
 
     cc = capability(device)
     bucket = m_bucket(M)

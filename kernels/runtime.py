@@ -11,6 +11,7 @@ lazily and treat the ImportError like any other failure (see ``diagnostics.triag
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import os
 import threading
@@ -80,6 +81,25 @@ def kernel_for(jit_fn, device_type: str):
     if device_type == "cpu" and not interpreter_active() and not triton_cpu_backend_available():
         return _interpreted(jit_fn)
     return jit_fn
+
+
+# A list while a calibration prepares its candidates (kernels/prepare.py), else None: every launch
+# through :func:`launch` then only compiles its kernel (in the background, where Triton can), runs
+# nothing, and adds what the compile gave (a compiled kernel, or the future of one) to the list.
+PREPARING: contextvars.ContextVar = contextvars.ContextVar("tritonkit_preparing", default=None)
+
+
+def launch(kernel, grid, *args, warmup: bool = False, **kwargs):
+    """``kernel[grid](*args, **kwargs)``; with ``warmup`` (or while a calibration prepares its
+    candidates) the kernel is only compiled for these arguments, nothing runs. ``kernel`` comes from
+    :func:`kernel_for`: an interpreted one has no compile step and always runs."""
+    prepared = PREPARING.get()
+    if (warmup or prepared is not None) and hasattr(kernel, "run"):
+        compiled = kernel.run(*args, grid=grid, warmup=True, **kwargs)
+        if prepared is not None:
+            prepared.append(compiled)
+        return compiled
+    return kernel[grid](*args, **kwargs)
 
 
 def cpu_mode() -> str:

@@ -10,7 +10,10 @@ A kernel with several candidate configs (block sizes, warps, stages) has one pic
 * compiled in parallel first: the candidates are compiled in a thread pool (Triton's LLVM passes
   and ptxas run outside the GIL) before they are timed one by one, which is where a first
   calibration spends most of its time (41 Triton compiles, ~25 s of a 65 s first Flux step on an
-  H100 when compiled one after the other).
+  H100 when compiled one after the other). Where the calibration defers (kernels/calibration.py),
+  a new key's configs compile in the background (kernels/prepare.py) while the first config runs
+  untimed, and are timed at the first call after they are ready; inside a calibration's preparing
+  run they are only compiled.
 
 ``TRITONKIT_AUTOTUNE=0`` (or the older ``TRITONKIT_ATTN_AUTOTUNE=0``) takes each key's first
 candidate without timing.
@@ -27,7 +30,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from . import calibration
+from . import calibration, prepare
 
 ENV = "TRITONKIT_AUTOTUNE"
 ENV_OLD = "TRITONKIT_ATTN_AUTOTUNE"
@@ -128,6 +131,18 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
         if cfg in cands:
             _CACHE[key] = cfg
             return cfg
+        if prepare.preparing():
+            # a calibration prepares its candidates: every config is compiled (in the background),
+            # none timed; the first is the one this preparing run goes on with
+            if warm is not None:
+                for c in cands:
+                    try:
+                        warm(c)
+                    except Exception:  # noqa: BLE001 - the timed run skips a config that fails
+                        pass
+            return cands[0]
+        if warm is not None and _deferred(device, key, cands, warm):
+            return cands[0]
         t0 = time.perf_counter()
         if warm is not None:
             compile_parallel(device, warm, cands)
@@ -144,6 +159,30 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
             calibration.remember(device, key, {"config": list(best), "ms": round(best_ms, 5), "candidates_ms": {
                 ",".join(map(str, c)): round(statistics.median(t), 5) for c, t in ms.items()}})
         return best
+
+
+_PENDING: dict = {}  # key -> kernels.prepare.Prepared: configs compiling in the background
+
+
+def _deferred(device: torch.device, key: str, cands: list, warm: Callable) -> bool:
+    """As a calibration's shape class (kernels/calibration.py): where the calibration defers, a
+    new key's configs are compiled in the background (kernels/prepare.py), the first runs untimed
+    meanwhile, and the first call after they are ready times them. True while this call is to run
+    the first config untimed."""
+    if device.type != "cuda" and calibration._defer_override is None:
+        return False
+    if not calibration.deferring():
+        _PENDING.pop(key, None)
+        return False
+    pend = _PENDING.get(key)
+    if pend is None:
+        _PENDING[key] = prepare.prepare({c: functools.partial(warm, c) for c in cands})
+        calibration.COUNTERS["prepared"] += 1
+    elif pend.done():
+        del _PENDING[key]
+        return False
+    calibration.COUNTERS["deferred_calls"] += 1
+    return True
 
 
 # One median per candidate ranks them, but two close ones can swap from one timing to the next. On

@@ -11,8 +11,12 @@ the nodes show.
 * Under ``TorchCompileModel`` (or the pack's Triton Compile Model) nothing can be timed inside the traced graph, so an APPLY_MODEL
   wrapper makes the first call of a compiled model with a new input signature run eagerly
   (``torch.compiler.set_stance("force_eager")``): that call calibrates every shape class it
-  meets, the signature and its shape classes are stored, and the next call compiles with the
-  stored choices. A later process that finds them stored runs compiled from the first call.
+  meets (timed at once, not deferred: see kernels/calibration.py), the signature and its shape
+  classes are stored, and the next call compiles with the stored choices. A later process that
+  finds them stored runs compiled from the first call.
+* An eager model's new shape classes keep their default path for the calls during which their
+  candidates compile in the background, and are timed at a later call
+  (``TRITONKIT_CALIBRATION_DEFER=0``: at the first call).
 """
 from __future__ import annotations
 
@@ -165,7 +169,7 @@ def calibrated_first_call(executor, x, t, c_concat=None, c_crossattn=None, contr
         return call()
     log.info("TritonKit calibration: the first call of this compiled model (%s) runs eagerly to measure its "
              "paths on this GPU; later calls run compiled", model_name)
-    with C.recording() as keys, torch.compiler.set_stance("force_eager"):
+    with C.recording() as keys, C.synchronous(), torch.compiler.set_stance("force_eager"):
         out = call()
     C.remember(x.device, sig, {"keys": sorted(keys)})
     C.prime(x.device, keys)

@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from tritonkit.kernels import calibration as C
+from tritonkit.kernels import prepare as P
+from tritonkit.kernels import runtime
 from tritonkit.nodes import attention as N
 from tritonkit.nodes import calibration as NC
 
@@ -48,6 +50,7 @@ def store(tmp_path, monkeypatch):
     N._logged.clear()
     yield tmp_path / "calib"
     C.set_timer(None)
+    C.set_deferral(None)
     C.reset()
 
 
@@ -101,6 +104,58 @@ def test_failing_candidate_is_not_chosen(store):
     assert C.choose(CPU, "k", CANDS, "exact") == "int8"
     e = json.loads(store_file(store).read_text())["entries"]["k"]
     assert "exact" in e["errors"] and "out of resources" in e["errors"]["exact"]
+
+
+needs_async = pytest.mark.skipif(not P.available(), reason="this Triton has no asynchronous compile mode (3.4+)")
+
+
+@needs_async
+def test_a_new_shape_class_keeps_its_default_while_its_candidates_compile(store, monkeypatch):
+    """Deferred calibration: the first call prepares every candidate but ComfyUI's own (their
+    launches become background compiles) and runs the default; calls while the compiles run keep
+    the default; the first call after they are done times and stores the choice."""
+    t = FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0})
+    C.set_timer(t)
+    C.set_deferral(True)
+    prepared = []
+    cands = {n: (lambda n=n: prepared.append((n, P.preparing()))) for n in CANDS}
+    ready = {"now": False}
+    monkeypatch.setattr(P.Prepared, "done", lambda self: ready["now"])
+    assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "int8"
+    assert sorted(prepared) == [("exact", True), ("int8", True)]  # ComfyUI's path has nothing to compile
+    assert t.asked == [] and not store.exists() and C.COUNTERS["prepared"] == 1
+    assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "int8"  # still compiling
+    assert t.asked == [] and len(prepared) == 2 and C.COUNTERS["deferred_calls"] == 2
+    ready["now"] = True
+    assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "exact"  # ready: timed now
+    assert sorted(t.asked) == ["comfy", "exact", "int8"] and len(prepared) == 2
+    assert json.loads(store_file(store).read_text())["entries"]["kd"]["choice"] == "exact"
+    assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "exact" and len(t.asked) == 3
+    assert not C._PENDING
+
+
+@needs_async
+def test_synchronous_calibration_compiles_first_then_times_at_the_first_call(store, monkeypatch):
+    # a compiled model's eager first call (nodes/calibration.py) and TRITONKIT_CALIBRATION_DEFER=0
+    t = FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0})
+    C.set_timer(t)
+    C.set_deferral(True)
+    prepared = []
+    cands = {n: (lambda n=n: prepared.append((n, P.preparing()))) for n in CANDS}
+    with C.synchronous():
+        assert not C.deferring()
+        assert C.choose(CPU, "ks", cands, "int8", prefer="comfy") == "exact"
+    assert sorted(prepared) == [("exact", True), ("int8", True)] and sorted(t.asked) == ["comfy", "exact", "int8"]
+    assert C.deferring()
+    monkeypatch.setenv(C.DEFER_ENV, "0")
+    assert not C.deferring()
+    assert C.choose(CPU, "ks2", cands, "int8", prefer="comfy") == "exact" and len(t.asked) == 6
+    # a fake clock alone (no set_deferral) neither prepares nor defers: the tests above this one
+    C.set_deferral(None)
+    monkeypatch.delenv(C.DEFER_ENV)
+    assert not C.deferring()
+    prepared.clear()
+    assert C.choose(CPU, "ks3", cands, "int8", prefer="comfy") == "exact" and prepared == []
 
 
 def test_default_without_timing(store, monkeypatch):
@@ -471,6 +526,38 @@ def test_gpu_calibration_is_timed_once_and_reused_by_a_second_process(store):
     assert r.returncode == 0, r.stderr[-3000:]
     counters = json.loads(r.stdout.strip().splitlines()[-1])
     assert counters["calibrations"] == 0 and counters["timed_runs"] == 0 and counters["autotunes"] == 0, counters
+
+
+@pytest.mark.gpu
+def test_gpu_deferred_calibration_runs_the_default_until_the_candidates_compiled(store, monkeypatch):
+    """An eager model's new shape class: the first call starts the candidates' compiles in the
+    background and gives ComfyUI's result; once they are done, the next call times all three paths
+    and stores the choice; every call's output is right."""
+    monkeypatch.delenv(C.DEFER_ENV, raising=False)
+    if not C.deferring():
+        pytest.skip("this Triton has no asynchronous compile mode: the calibration times at the first call")
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(1)
+    q, k, v = (torch.randn(1, 3000, 20 * 128, device=dev, generator=g, dtype=torch.bfloat16) for _ in range(3))
+    ref = sdpa_backend(q.double(), k.double(), v.double(), 20).float()
+    override = N.make_override("auto")
+
+    def call():
+        return override(lambda *a, **kw: sdpa_backend(*a, **kw), q, k, v, 20)
+
+    cos = lambda o: torch.nn.functional.cosine_similarity(o.float().flatten(), ref.flatten(), dim=0).item()  # noqa: E731
+    out = call()
+    assert cos(out) > 0.9999 and C.COUNTERS["prepared"] == 1 and C.COUNTERS["calibrations"] == 0
+    [pending] = list(C._PENDING.values())
+    assert len(pending) > 0, "the exact and 8-bit candidates should have started compiles"
+    assert not [key for key in C.stored_choices(dev) if key.startswith("attention|")]
+    pending.wait(timeout=600)
+    out = call()
+    [entry] = [e for key, e in C.stored_choices(dev).items() if key.startswith("attention|")]
+    assert set(entry["timings_ms"]) == {"comfy", "exact", "int8"}, entry
+    assert C.COUNTERS["calibrations"] == 1 and not C._PENDING
+    tol = 0.999 if entry["choice"] == "int8" else 0.9999
+    assert cos(out) > tol and cos(call()) > tol
 
 
 def test_store_folder(store, monkeypatch, tmp_path):

@@ -154,3 +154,50 @@ def test_close_candidates_are_timed_again_interleaved(monkeypatch):
     far = NoisyBench({lucky: [1.0], steady: [1.0 * T.PLAYOFF_WITHIN * 1.01], slow: [3.0]})
     monkeypatch.setattr(T, "time_ms", far)
     assert T.pick(CPU, "k|p2", CANDS, run=runner(far)) == lucky and len(far.timed) == 3
+
+
+def test_inside_a_preparing_run_every_config_is_compiled_and_none_timed(monkeypatch):
+    # kernels/prepare.py runs a calibration's candidates with launches turned into compiles: the
+    # tuner then compiles (warms) every config, times none, picks nothing, and the run goes on
+    # with the first config
+    from tritonkit.kernels import runtime
+    bench = Bench({c: 1.0 for c in CANDS})
+    monkeypatch.setattr(T, "time_ms", bench)
+    warmed = []
+    tok = runtime.PREPARING.set([])
+    try:
+        assert T.pick(CPU, "k|prep", CANDS, run=runner(bench), warm=warmed.append) == CANDS[0]
+    finally:
+        runtime.PREPARING.reset(tok)
+    assert sorted(warmed) == sorted(CANDS) and bench.timed == []
+    assert "k|prep" not in T.cache() and C.recall(CPU, "k|prep") is None
+    # the next call outside a preparing run times them as usual
+    bench.times[CANDS[2]] = 0.2
+    assert T.pick(CPU, "k|prep", CANDS, run=runner(bench)) == CANDS[2] and sorted(bench.timed) == sorted(CANDS)
+
+
+def test_where_the_calibration_defers_a_new_key_runs_its_first_config_until_the_rest_compiled(monkeypatch):
+    from tritonkit.kernels import prepare
+    if not prepare.available():
+        pytest.skip("this Triton has no asynchronous compile mode (3.4+)")
+    bench = Bench({CANDS[0]: 2.0, CANDS[1]: 0.5, CANDS[2]: 1.0})
+    monkeypatch.setattr(T, "time_ms", bench)
+    ready = {"now": False}
+    monkeypatch.setattr(prepare.Prepared, "done", lambda self: ready["now"])
+    warmed = []
+    warm = lambda c: warmed.append((c, prepare.preparing()))  # noqa: E731
+    C.set_deferral(True)
+    try:
+        assert T.pick(CPU, "k|defer", CANDS, run=runner(bench), warm=warm) == CANDS[0]
+        assert sorted(warmed) == sorted((c, True) for c in CANDS) and bench.timed == []
+        assert T.pick(CPU, "k|defer", CANDS, run=runner(bench), warm=warm) == CANDS[0]  # still compiling
+        assert len(warmed) == 3 and bench.timed == [] and "k|defer" not in T.cache()
+        ready["now"] = True
+        assert T.pick(CPU, "k|defer", CANDS, run=runner(bench), warm=warm) == CANDS[1]  # timed now
+        assert sorted(bench.timed) == sorted(CANDS) and C.recall(CPU, "k|defer")["config"] == list(CANDS[1])
+        # inside a calibration's timing (synchronous) a new key is timed at once
+        with C.synchronous():
+            assert T.pick(CPU, "k|sync", CANDS, run=runner(bench), warm=warm) == CANDS[1]
+        assert len(bench.timed) == 6
+    finally:
+        C.set_deferral(None)

@@ -410,3 +410,19 @@ def test_kernel_time_records_a_call(monkeypatch):
     monkeypatch.setattr(torch.profiler, "profile", Broken)
     out, rec = wf._kernel_time(lambda: x + 1)
     assert torch.equal(out, x + 1) and "no profiler here" in rec["error"]
+
+
+def test_timed_steps_skip_the_steps_that_compiled_or_calibrated():
+    import workflow
+    steps = [9.0, 3.0, 1.0, 1.1, 0.9]
+    # eager: the calibration worked in steps 1 and 2 (deferred timing), so s/step starts at step 3
+    first, cal, extra = workflow.timed_steps(steps, None, [0, 5, 7, 7, 7, 7])
+    assert (first, cal) == (2, [0, 1]) and extra == pytest.approx(9.0 + 3.0 - 2 * 1.0)
+    # nothing calibrated: from step 2, as always
+    assert workflow.timed_steps(steps, None, [3, 3, 3, 3, 3, 3]) == (1, [], None)
+    # calibrating to the last step leaves step 2 on (no step would be left)
+    assert workflow.timed_steps(steps, None, [0, 0, 0, 0, 0, 1])[:2] == (1, [4])
+    # compiled: Dynamo compiled in step 2 (the eager first call calibrated): from step 3; calibration
+    # marks do not move a compiled run's start
+    first, cal, extra = workflow.timed_steps(steps, [0, 0, 4, 4, 4, 4], [0, 9, 9, 9, 9, 9])
+    assert (first, cal, extra) == (2, [0], None)

@@ -1,0 +1,126 @@
+"""Preparing a calibration's candidates: their Triton kernels compiled in the background.
+
+A first calibration on a cold Triton cache spends most of its time compiling: HunyuanVideo's first
+step @86 on an H100 made 49 Triton compiles (45 s of compile time in all, 2026-11-24), and as the
+model met one shape class after the other, each class's candidates were compiled (in parallel
+among themselves) and timed before the model went on: a compile was running for 13 of the step's
+20 s.
+
+:func:`prepare` runs each candidate of a shape class once with every launch of the pack's kernels
+turned into a compile (``runtime.launch`` while :data:`runtime.PREPARING` is set), nothing run on
+the GPU but the torch operations between them, and hands the compiles to a thread pool through
+Triton's asynchronous compile mode (``triton.runtime._async_compile``: a compile becomes a future in
+the kernel's cache, and the first launch of that kernel waits for it). The calibration
+(kernels/calibration.py) then lets the model go on with its default path, and times the candidates
+at a later call of the same shape class, once :meth:`Prepared.done`: the compiles of every shape
+class the model meets overlap each other and the model's own work.
+
+Where this Triton has no asynchronous compile mode, :func:`available` is False and the calibration
+compiles and times at the first call, as before.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+from . import runtime
+
+log = logging.getLogger("TritonKit")
+
+# At most this many compiles at once: Triton's front end holds the GIL, LLVM and ptxas do not, and
+# the model keeps running Python in this process meanwhile.
+MAX_THREADS = 8
+_pool: Optional[ThreadPoolExecutor] = None
+_pool_lock = threading.Lock()
+
+
+def _async_module():
+    try:
+        from triton.runtime import _async_compile as ac
+    except Exception:  # noqa: BLE001 - an older Triton, or none usable
+        return None
+    if not hasattr(ac, "active_mode") or not hasattr(ac, "AsyncCompileMode"):
+        return None
+    return ac
+
+
+def available() -> bool:
+    """Whether this Triton compiles asynchronously (Triton 3.4+)."""
+    return _async_module() is not None
+
+
+def threads() -> int:
+    return max(1, min(os.cpu_count() or 1, MAX_THREADS))
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="tritonkit-prepare")
+        return _pool
+
+
+def preparing() -> bool:
+    """True inside :func:`prepare` (kernels/tuning.py then only compiles a key's block configs)."""
+    return runtime.PREPARING.get() is not None
+
+
+def _futures(compiled: list, submitted: list) -> list:
+    """The futures of the compiles a preparing run waits for: those it submitted, and those its
+    launches found in flight already (another shape class's preparing run started them)."""
+    out, seen = [], set()
+    for f in list(submitted) + [vars(k).get("future") for k in compiled if hasattr(k, "__dict__")]:
+        if f is not None and id(f) not in seen:
+            seen.add(id(f))
+            out.append(f)
+    return out
+
+
+class Prepared:
+    """The compiles :func:`prepare` started for one shape class."""
+
+    def __init__(self, futures: list, failed: dict):
+        self.futures = futures
+        self.failed = failed    # candidate name -> the error its preparing run raised
+
+    def done(self) -> bool:
+        """Every compile finished (succeeded or failed: a failed one fails the candidate's timed run)."""
+        return all(f.done() for f in self.futures)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        for f in self.futures:
+            try:
+                f.result(timeout=timeout)
+            except Exception:  # noqa: BLE001 - see done()
+                pass
+
+    def __len__(self) -> int:
+        return len(self.futures)
+
+
+def prepare(fns: dict) -> Prepared:
+    """Runs each ``fns[name]()`` with its kernel launches turned into background compiles (see the
+    module docstring) and returns them as one :class:`Prepared`. A candidate that raises here is
+    noted, not raised: its timed run shows what it does."""
+    ac = _async_module()
+    failed: dict = {}
+    if ac is None:
+        return Prepared([], failed)
+    mode = ac.AsyncCompileMode(_executor())
+    compiled: list = []
+    tok_mode = ac.active_mode.set(mode)
+    tok_prep = runtime.PREPARING.set(compiled)
+    try:
+        for name, fn in fns.items():
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001
+                failed[name] = e
+    finally:
+        runtime.PREPARING.reset(tok_prep)
+        ac.active_mode.reset(tok_mode)
+    return Prepared(_futures(compiled, mode.raw_futures), failed)
