@@ -526,7 +526,7 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         hit = _CHOICES.get((dkey, key))
         if hit in candidates:
             return hit
-        if _prepare_first(dkey, key, candidates, prefer):
+        if _prepare_first(dkey, key, candidates, default, prefer):
             return default
         bar = _progress_factory(len(candidates)) if _progress_factory is not None else None
         step = (lambda name: bar.update(1)) if bar is not None else None  # noqa: E731
@@ -569,7 +569,8 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         return choice
 
 
-def _prepare_first(dkey: str, key: str, candidates: dict, prefer: Optional[str]) -> bool:
+def _prepare_first(dkey: str, key: str, candidates: dict, default: str,
+                   prefer: Optional[str]) -> bool:
     """Before a shape class is timed, its candidates' kernels are compiled, in the background
     (kernels/prepare.py), all at once. True when the timing waits for a later call: the compiles
     were just started, or still run, and :func:`deferring` (this call then runs the default path).
@@ -582,19 +583,24 @@ def _prepare_first(dkey: str, key: str, candidates: dict, prefer: Optional[str])
     pend = _PENDING.get((dkey, key))
     defer = deferring()
     if pend is None:
-        pend = prepare.prepare({n: fn for n, fn in candidates.items() if n != prefer})
         COUNTERS["prepared"] += 1
         if defer:
-            _PENDING[(dkey, key)] = pend
+            # the default runs now: its kernels first, waited for; the others compile meanwhile
+            first = prepare.prepare({default: candidates[default]} if default != prefer else {})
+            _PENDING[(dkey, key)] = prepare.prepare({n: fn for n, fn in candidates.items()
+                                                     if n not in (prefer, default)})
+            first.wait()
             COUNTERS["deferred_calls"] += 1
             log_once("deferred", "TritonKit calibration: each new shape class keeps its default path while its "
                      "candidates compile in the background, and is timed at a later call once they are ready",
                      level=logging.INFO)
             return True
+        pend = prepare.prepare({n: fn for n, fn in candidates.items() if n != prefer})
     elif defer and not pend.done():
         COUNTERS["deferred_calls"] += 1
         return True
     _PENDING.pop((dkey, key), None)
+    pend.wait()  # done, or about to be timed: every kernel in its cache before the timed runs launch it
     return False
 
 

@@ -30,9 +30,9 @@ from . import runtime
 
 log = logging.getLogger("TritonKit")
 
-# At most this many compiles at once: Triton's front end holds the GIL, LLVM and ptxas do not, and
-# the model keeps running Python in this process meanwhile.
-MAX_THREADS = 8
+# At most this many compiles at once, and one core less than the machine has: Triton's front end
+# holds the GIL, LLVM and ptxas do not, and the model keeps running Python in this process meanwhile.
+MAX_THREADS = 16
 _pool: Optional[ThreadPoolExecutor] = None
 _pool_lock = threading.Lock()
 
@@ -53,7 +53,7 @@ def available() -> bool:
 
 
 def threads() -> int:
-    return max(1, min(os.cpu_count() or 1, MAX_THREADS))
+    return max(1, min((os.cpu_count() or 2) - 1, MAX_THREADS))
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -83,18 +83,33 @@ def _futures(compiled: list, submitted: list) -> list:
 class Prepared:
     """The compiles :func:`prepare` started for one shape class."""
 
-    def __init__(self, futures: list, failed: dict):
+    def __init__(self, futures: list, failed: dict, kernels: list = ()):
         self.futures = futures
         self.failed = failed    # candidate name -> the error its preparing run raised
+        # what the launches got: Triton's FutureKernel for a compile in flight, else the compiled kernel
+        self.kernels = [k for k in kernels if type(k).__name__ == "FutureKernel"]
 
     def done(self) -> bool:
         """Every compile finished (succeeded or failed: a failed one fails the candidate's timed run)."""
         return all(f.done() for f in self.futures)
 
     def wait(self, timeout: Optional[float] = None) -> None:
+        """Waits for every compile, then :meth:`finalize`."""
         for f in self.futures:
             try:
                 f.result(timeout=timeout)
+            except Exception:  # noqa: BLE001 - see done()
+                pass
+        self.finalize()
+
+    def finalize(self) -> None:
+        """Puts the finished kernels in their JIT function's cache, here, before anything launches them.
+        Some Triton releases (3.6) put a compile's kernel there only when its future is asked for its
+        result, not when it was submitted: a launch before that compiled the same kernel again, in the
+        launching thread (an H100's cold HunyuanVideo step compiled every fused-linear config twice)."""
+        for k in self.kernels:
+            try:
+                k.result()
             except Exception:  # noqa: BLE001 - see done()
                 pass
 
@@ -123,4 +138,4 @@ def prepare(fns: dict) -> Prepared:
     finally:
         runtime.PREPARING.reset(tok_prep)
         ac.active_mode.reset(tok_mode)
-    return Prepared(_futures(compiled, mode.raw_futures), failed)
+    return Prepared(_futures(compiled, mode.raw_futures), failed, compiled)

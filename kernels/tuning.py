@@ -176,10 +176,14 @@ def _deferred(device: torch.device, key: str, cands: list, warm: Callable) -> bo
         return False
     pend = _PENDING.get(key)
     if pend is None:
-        _PENDING[key] = prepare.prepare({c: functools.partial(warm, c) for c in cands})
+        # the first config runs now: compiled first, waited for; the others compile meanwhile
+        first = prepare.prepare({cands[0]: functools.partial(warm, cands[0])})
+        _PENDING[key] = prepare.prepare({c: functools.partial(warm, c) for c in cands[1:]})
+        first.wait()
         calibration.COUNTERS["prepared"] += 1
     elif pend.done():
         del _PENDING[key]
+        pend.wait()  # every config in its kernel's cache before the timed runs launch it
         return False
     calibration.COUNTERS["deferred_calls"] += 1
     return True

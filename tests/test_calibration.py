@@ -547,9 +547,9 @@ def test_gpu_deferred_calibration_runs_the_default_until_the_candidates_compiled
 
     cos = lambda o: torch.nn.functional.cosine_similarity(o.float().flatten(), ref.flatten(), dim=0).item()  # noqa: E731
     out = call()
-    assert cos(out) > 0.9999 and C.COUNTERS["prepared"] == 1 and C.COUNTERS["calibrations"] == 0
-    [pending] = list(C._PENDING.values())
-    assert len(pending) > 0, "the exact and 8-bit candidates should have started compiles"
+    # prepared: the calibration's candidates, and the default (8-bit) kernel's block configs
+    assert cos(out) > 0.9999 and C.COUNTERS["prepared"] >= 1 and C.COUNTERS["calibrations"] == 0
+    [pending] = list(C._PENDING.values())  # (no compile at all where earlier tests compiled these kernels)
     assert not [key for key in C.stored_choices(dev) if key.startswith("attention|")]
     pending.wait(timeout=600)
     out = call()

@@ -93,6 +93,27 @@ def test_compiles_already_in_flight_count_for_readiness():
     assert futs == [mine, theirs]
 
 
+def test_finalize_asks_every_compile_in_flight_for_its_kernel():
+    # Triton 3.6 caches a kernel compiled in the background only when its future's result is asked for
+    class FutureKernel:
+        def __init__(self):
+            self.asked = 0
+            self.future = Future()
+
+        def result(self):
+            self.asked += 1
+            if self.asked == 1 and self is broken:
+                raise RuntimeError("compile failed")
+
+    ok, broken = FutureKernel(), FutureKernel()
+    p = P.Prepared([ok.future, broken.future], {}, [ok, object(), broken])
+    assert p.kernels == [ok, broken]
+    ok.future.set_result(1)
+    broken.future.set_result(1)
+    p.wait()
+    assert ok.asked == 1 and broken.asked == 1
+
+
 def test_done_follows_the_futures():
     f1, f2 = Future(), Future()
     p = P.Prepared([f1, f2], {})
