@@ -34,6 +34,7 @@ log = logging.getLogger("TritonKit")
 # holds the GIL, LLVM and ptxas do not, and the model keeps running Python in this process meanwhile.
 MAX_THREADS = 16
 _pool: Optional[ThreadPoolExecutor] = None
+_mode = None  # the one asynchronous compile mode of every preparing run (see _shared_mode)
 _pool_lock = threading.Lock()
 
 
@@ -58,10 +59,22 @@ def threads() -> int:
 
 def _executor() -> ThreadPoolExecutor:
     global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="tritonkit-prepare")
+    return _pool
+
+
+def _shared_mode(ac):
+    """One ``AsyncCompileMode`` for the process: it keeps each compile's future by Triton's cache key,
+    so a kernel that two shape classes share (the same block config of the fused linear at two layer
+    shapes) is compiled once even while the first compile still runs (some Triton releases put a
+    kernel compiled in the background into the JIT cache only when :meth:`Prepared.finalize` asks
+    for it, so the cache alone would not see it)."""
+    global _mode
     with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="tritonkit-prepare")
-        return _pool
+        if _mode is None:
+            _mode = ac.AsyncCompileMode(_executor())
+        return _mode
 
 
 def preparing() -> bool:
@@ -69,11 +82,11 @@ def preparing() -> bool:
     return runtime.PREPARING.get() is not None
 
 
-def _futures(compiled: list, submitted: list) -> list:
-    """The futures of the compiles a preparing run waits for: those it submitted, and those its
-    launches found in flight already (another shape class's preparing run started them)."""
+def _futures(compiled: list) -> list:
+    """The futures of the compiles a preparing run waits for: those its launches started, and those
+    they found in flight already (another shape class's preparing run started them)."""
     out, seen = [], set()
-    for f in list(submitted) + [vars(k).get("future") for k in compiled if hasattr(k, "__dict__")]:
+    for f in [vars(k).get("future") for k in compiled if hasattr(k, "__dict__")]:
         if f is not None and id(f) not in seen:
             seen.add(id(f))
             out.append(f)
@@ -125,7 +138,7 @@ def prepare(fns: dict) -> Prepared:
     failed: dict = {}
     if ac is None:
         return Prepared([], failed)
-    mode = ac.AsyncCompileMode(_executor())
+    mode = _shared_mode(ac)
     compiled: list = []
     tok_mode = ac.active_mode.set(mode)
     tok_prep = runtime.PREPARING.set(compiled)
@@ -138,4 +151,4 @@ def prepare(fns: dict) -> Prepared:
     finally:
         runtime.PREPARING.reset(tok_prep)
         ac.active_mode.reset(tok_mode)
-    return Prepared(_futures(compiled, mode.raw_futures), failed, compiled)
+    return Prepared(_futures(compiled), failed, compiled)

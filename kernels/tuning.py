@@ -145,7 +145,11 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
             return cands[0]
         t0 = time.perf_counter()
         if warm is not None:
-            compile_parallel(device, warm, cands)
+            if device.type == "cuda" and prepare.available():
+                # in the background compile pool, which also knows the compiles already in flight
+                prepare.prepare({c: functools.partial(warm, c) for c in cands}).wait()
+            else:
+                compile_parallel(device, warm, cands)
         timed = time_all(device, {c: functools.partial(run, c) for c in cands})
         ms = {c: [t] for c, t in timed.items() if not isinstance(t, Exception)}  # candidate -> its timings
         _playoff(device, ms, run, weight)

@@ -631,3 +631,26 @@ def test_interleaved_timer_rounds_and_failures(monkeypatch):
     assert C.cuda_timer(cand("x"), warmup=1, reps=3) >= 0
     with pytest.raises(RuntimeError):
         C.cuda_timer(cand("y", fail_at=1))
+
+
+def test_a_long_candidate_is_timed_fewer_rounds(monkeypatch):
+    # LONG_REPS timings of LONG_MS or more are enough for it; the short one gets every round
+    import time as _time
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(C, "_l2_flush_buffer", lambda: torch.empty(16))
+    monkeypatch.setattr(C, "_sleep_cycles_per_ms", lambda dev: None)
+    monkeypatch.setattr(C, "LONG_MS", 1.0)
+    calls = []
+
+    def cand(name, ms):
+        def fn():
+            calls.append(name)
+            end = _time.perf_counter() + ms / 1e3
+            while _time.perf_counter() < end:
+                pass
+        return fn
+    res = C.cuda_timer_interleaved({"long": cand("long", 3.0), "short": cand("short", 0.05)}, warmup=1, reps=7)
+    assert calls.count("long") == 1 + C.LONG_REPS and calls.count("short") == 1 + 7
+    assert res["long"] >= 3.0 and res["short"] < 1.0

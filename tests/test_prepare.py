@@ -74,7 +74,9 @@ def test_prepare_runs_each_candidate_inside_triton_async_mode_and_restores_it():
     assert set(seen) == {"a", "b"}
     assert all(flag for flag, _ in seen.values())
     modes = {id(m) for _, m in seen.values()}
-    assert len(modes) == 1 and None not in (m for _, m in seen.values())  # one async mode for the class
+    assert len(modes) == 1 and None not in (m for _, m in seen.values())
+    P.prepare({"c": cand("c")})
+    assert id(seen["c"][1]) in modes  # one mode for every preparing run: a compile in flight is shared
     assert not P.preparing() and ac.active_mode.get() is None             # both restored
     assert list(p.failed) == ["bad"] and "head size" in str(p.failed["bad"])
     assert len(p) == 0 and p.done()                                        # nothing was compiled
@@ -89,8 +91,8 @@ def test_compiles_already_in_flight_count_for_readiness():
         def __getattr__(self, name):  # as Triton's: anything else waits for the compile
             raise AssertionError("blocked on the compile")
     mine, theirs = Future(), Future()
-    futs = P._futures([FutureKernel(theirs), object(), None, FutureKernel(mine)], [mine])
-    assert futs == [mine, theirs]
+    futs = P._futures([FutureKernel(theirs), object(), None, FutureKernel(mine), FutureKernel(theirs)])
+    assert futs == [theirs, mine]
 
 
 def test_finalize_asks_every_compile_in_flight_for_its_kernel():
