@@ -11,6 +11,8 @@
 #            replace the plan, the preset and the steps; TK_BENCH_TRACE_COMPILES=1 prints which Triton
 #            compiles of the cold and the restarted process missed Triton's cache)
 #   FLUX_ARGS / HUN_ARGS  more bench/workflow.py options for those parts (e.g. --warm-rounds for compiled rounds)
+#   SMI_MS   sample the GPU's clocks, power and temperature every SMI_MS ms into $OUT/smi.csv while the call runs
+#            (`python3 bench/first_steps.py --smi $OUT/smi.csv <workflow.json>` gives each run's medians)
 # The workflows run on ComfyUI 0.8.0 with a cold calibration (one folder for the whole call).
 # Prepare here: `bash bench/device_workflow.sh --prepare`, then carry .device/whl and
 # .device/comfyui-0.8.0.tar.gz (and .device/whl-attn for comfy-kitchen 0.2.40 in the attention bench, if the
@@ -23,6 +25,12 @@ mkdir -p "$O"
 CAL="${CAL_DIR:-/tmp/tk_cal_rounds}"
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/tk_triton}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+SMI_PID=
+if [ -n "${SMI_MS:-}" ]; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv,noheader,nounits -lms "$SMI_MS" > "$O/smi.csv" 2>/dev/null &
+  SMI_PID=$!
+fi
 if [ "${TESTS_S:-0}" != 0 ]; then
   t0=$(date +%s)
   # shellcheck disable=SC2086
@@ -80,4 +88,5 @@ for r in json.load(open(sys.argv[1]))["runs"]:
 PY
   fi
 fi
+[ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
 rm -f "$O"/*/nvidia-smi.txt "$O"/*/log.txt

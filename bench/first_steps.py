@@ -1,6 +1,6 @@
 """What the runs of one or more ``bench/workflow.py`` results spent their first step on, one line a run.
 
-    python bench/first_steps.py artifacts/rounds/hun/workflow.json [more workflow.json ...]
+    python bench/first_steps.py [--smi smi.csv] artifacts/rounds/hun/workflow.json [more workflow.json ...]
 
 Per run: s/step, the first step, the compile (compiled runs) and whether Inductor's cache was the run's
 own warm one (``--warm-rounds``), what the pack's calibration did in the run (shape classes timed, block
@@ -70,7 +70,52 @@ def census_diff(doc: dict) -> list[str]:
     return lines
 
 
+def smi_samples(path: str) -> list[tuple]:
+    """(epoch seconds, SM MHz, memory MHz, watts, °C, clock event reasons) per line of
+    ``nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,
+    clocks_event_reasons.active --format=csv,noheader,nounits`` (the machine's local time)."""
+    import datetime
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) < 6:
+                continue
+            try:
+                t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                out.append((t, float(parts[1]), float(parts[2]), float(parts[3]), float(parts[4]), parts[5]))
+            except ValueError:
+                continue
+    return out
+
+
+def clock_lines(doc: dict, samples: list[tuple]) -> list[str]:
+    """Per run with ``t_start``/``t_end``: the median SM clock, memory clock, power and temperature
+    of the samples inside it, and how many samples had a clock event (throttle) reason set."""
+    import statistics
+    lines = []
+    for r in doc.get("runs", []):
+        if "t_start" not in r:
+            continue
+        inside = [s for s in samples if r["t_start"] <= s[0] <= r["t_end"]]
+        if not inside:
+            lines.append(f"{r['run']}: no clock samples")
+            continue
+        med = [statistics.median(s[i] for s in inside) for i in (1, 2, 3, 4)]
+        events = sum(1 for s in inside if s[5] not in ("0x0000000000000000", "0x0", "Not Active"))
+        lines.append(f"{r['run']}: SM {med[0]:.0f} MHz, mem {med[1]:.0f} MHz, {med[2]:.0f} W, {med[3]:.0f} C "
+                     f"({len(inside)} samples, {events} with a clock event reason)")
+    return lines
+
+
 def main(argv: list[str]) -> int:
+    samples = []
+    if len(argv) >= 2 and argv[0] == "--smi":
+        try:
+            samples = smi_samples(argv[1])
+        except OSError as e:
+            print(f"{argv[1]}: {e}")
+        argv = argv[2:]
     for path in argv:
         try:
             with open(path, encoding="utf-8") as f:
@@ -79,7 +124,7 @@ def main(argv: list[str]) -> int:
             print(f"{path}: {e}")
             continue
         print(f"== {path}")
-        for ln in lines(doc) + census_diff(doc):
+        for ln in lines(doc) + census_diff(doc) + (clock_lines(doc, samples) if samples else []):
             print(ln)
     return 0
 

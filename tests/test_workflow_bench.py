@@ -426,3 +426,35 @@ def test_timed_steps_skip_the_steps_that_compiled_or_calibrated():
     # marks do not move a compiled run's start
     first, cal, extra = workflow.timed_steps(steps, [0, 0, 4, 4, 4, 4], [0, 9, 9, 9, 9, 9])
     assert (first, cal, extra) == (2, [0], None)
+
+
+def test_default_twin_is_reported_against_the_default():
+    import torch
+    import workflow
+    assert workflow.CONFIGS["default-twin"] == workflow.CONFIGS["default"]
+    ref = torch.ones(4)
+    runs = [{"run": f"flux:{c}#r{i}", "base_label": f"flux:{c}", "model": "flux", "config": c, "compiled": False,
+             "arch": "native", "round": i, "s_per_step": s, "first_step_s": s, "latent": ref}
+            for i in (1, 2) for c, s in (("default", 1.0), ("default-twin", 1.02 if i == 1 else 0.99))]
+    workflow.annotate(runs)
+    twin = {r["run"]: r["speedup_vs_default_same_mode"] for r in runs if r["config"] == "default-twin"}
+    assert twin == {"flux:default-twin#r1": pytest.approx(1 / 1.02), "flux:default-twin#r2": pytest.approx(1 / 0.99)}
+
+
+def test_first_steps_clock_lines(tmp_path):
+    import datetime
+    import first_steps
+    t0 = datetime.datetime(2026, 11, 24, 12, 0, 0)
+    rows = [(t0 + datetime.timedelta(seconds=i)).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3] +
+            f", {1980 if i < 5 else 1755}, 2619, {600 + i}.5, 60, {'0x0000000000000000' if i < 8 else '0x0000000000000004'}"
+            for i in range(10)]
+    smi = tmp_path / "smi.csv"
+    smi.write_text("\n".join(rows + ["garbage line"]) + "\n")
+    samples = first_steps.smi_samples(str(smi))
+    assert len(samples) == 10 and samples[0][1] == 1980.0
+    ts = t0.timestamp()
+    doc = {"runs": [{"run": "a", "t_start": ts - 0.5, "t_end": ts + 4.5}, {"run": "b", "t_start": ts + 5.5,
+                                                                          "t_end": ts + 9.5}, {"run": "c"}]}
+    a, b = first_steps.clock_lines(doc, samples)
+    assert a.startswith("a: SM 1980 MHz") and "0 with a clock event" in a
+    assert b.startswith("b: SM 1755 MHz") and "2 with a clock event" in b
