@@ -145,7 +145,7 @@ def test_close_candidates_are_timed_again_interleaved(monkeypatch):
     monkeypatch.setattr(T, "time_ms", bench)
     assert T.pick(CPU, "k|p1", CANDS, run=runner(bench)) == steady
     assert bench.timed[:3] == list(CANDS)
-    assert bench.timed[3:] == [lucky, steady] * T.PLAYOFF_ROUNDS  # the best two, A B A B
+    assert bench.timed[3:] == [lucky, steady, steady, lucky, lucky, steady][:2 * T.PLAYOFF_ROUNDS]  # A B B A A B
     stored = C.recall(CPU, "k|p1")
     assert (stored["config"], stored["ms"]) == (list(steady), 1.0)
     assert stored["candidates_ms"] == {",".join(map(str, lucky)): 1.2, ",".join(map(str, steady)): 1.0,
@@ -201,3 +201,36 @@ def test_where_the_calibration_defers_a_new_key_runs_its_first_config_until_the_
         assert len(bench.timed) == 6
     finally:
         C.set_deferral(None)
+
+
+def test_on_a_gpu_the_playoff_times_the_two_in_bursts_and_picks_between_them(monkeypatch):
+    # the burst timings decide between the best two; the alone timings still rank the rest
+    lucky, steady, slow = CANDS
+    bench = Bench({lucky: 1.0, steady: 1.05, slow: 3.0})
+    monkeypatch.setattr(T, "time_all", lambda device, fns: {c: bench.times[c] for c in fns})
+    bursts = []
+
+    def sustained(device, fns, est):
+        bursts.append((list(fns), dict(est)))
+        return {c: {lucky: 1.3, steady: 1.1}[c] for c in fns}  # in bursts steady is the faster
+    monkeypatch.setattr(T, "_sustained_ms", sustained)
+    gpu = torch.device("cuda")
+    monkeypatch.setattr(C, "recall", lambda *a: None)
+    stored = {}
+    monkeypatch.setattr(C, "remember", lambda dev, key, rec: stored.update({key: rec}))
+    assert T.pick(gpu, "k|burst", CANDS, run=runner(bench)) == steady
+    assert [f for f, _ in bursts] == [[lucky, steady], [steady, lucky], [lucky, steady]][:T.PLAYOFF_ROUNDS]
+    assert bursts[0][1] == {lucky: 1.0, steady: 1.05}  # each burst sized by the time alone
+    rec = stored["k|burst"]
+    assert rec["config"] == list(steady) and rec["ms"] == 1.05
+    assert rec["playoff_sustained_ms"] == {",".join(map(str, lucky)): 1.3, ",".join(map(str, steady)): 1.1}
+
+
+@pytest.mark.gpu
+def test_gpu_burst_timing_is_per_call():
+    dev = torch.device("cuda")
+    a = torch.randn(2048, 2048, device=dev)
+    one = C.cuda_timer(lambda: a @ a)
+    res = T._sustained_ms(dev, {"mm": lambda: a @ a, "bad": lambda: 1 / 0}, {"mm": one, "bad": 1.0})
+    assert isinstance(res["bad"], ZeroDivisionError)
+    assert 0.3 * one < res["mm"] < 3 * one, (res, one)
