@@ -581,7 +581,8 @@ def _prepare_first(dkey: str, key: str, candidates: dict, default: str,
                    prefer: Optional[str]) -> bool:
     """Before a shape class is timed, its candidates' kernels are compiled, in the background
     (kernels/prepare.py), all at once. True when the timing waits for a later call: the compiles
-    were just started, or still run, and :func:`deferring` (this call then runs the default path).
+    were just started, or any background compile still runs, and :func:`deferring` (this call then
+    runs the default path); nothing is timed while a compile runs (see ``prepare.idle``).
     ``prefer`` (ComfyUI's own path) has nothing of ours to compile and is not run."""
     if _timer is not None and _defer_override is None:
         return False  # a test's fake clock: nothing to compile ahead
@@ -604,11 +605,12 @@ def _prepare_first(dkey: str, key: str, candidates: dict, default: str,
                      level=logging.INFO)
             return True
         pend = prepare.prepare({n: fn for n, fn in candidates.items() if n != prefer})
-    elif defer and not pend.done():
+    elif defer and not (pend.done() and prepare.idle()):
         COUNTERS["deferred_calls"] += 1
         return True
     _PENDING.pop((dkey, key), None)
     pend.wait()  # done, or about to be timed: every kernel in its cache before the timed runs launch it
+    prepare.wait_idle()  # and no compile holding the GIL while the timed calls are issued
     return False
 
 
