@@ -77,46 +77,6 @@ def _shared_mode(ac):
         return _mode
 
 
-_inflight = 0          # compiles of the shared mode not finished yet
-_counted = 0           # how many of the shared mode's futures are counted in _inflight
-
-
-def _count_new(mode) -> None:
-    """Counts the futures ``mode`` got since the last call into :data:`_inflight`, each taken off
-    when it finishes."""
-    global _inflight, _counted
-
-    def finished(_f):
-        global _inflight
-        with _pool_lock:
-            _inflight -= 1
-
-    new = mode.raw_futures[_counted:]
-    _counted = len(mode.raw_futures)
-    for f in new:
-        with _pool_lock:
-            _inflight += 1
-        f.add_done_callback(finished)
-
-
-def idle() -> bool:
-    """No background compile running. Timings wait for this: a compile's Python front end holds the
-    GIL, and a timed call whose host side is held up meanwhile counts the wait as GPU time (an H200
-    timed a 0.43 ms decode + matmul at 36 ms with compiles of other shape classes running)."""
-    return _inflight <= 0
-
-
-def wait_idle(timeout: float = 600.0) -> None:
-    """Waits until :func:`idle` (at most ``timeout`` seconds)."""
-    if _mode is None:
-        return
-    for f in list(_mode.raw_futures):
-        try:
-            f.result(timeout=timeout)
-        except Exception:  # noqa: BLE001 - a failed compile is done too
-            pass
-
-
 def preparing() -> bool:
     """True inside :func:`prepare` (kernels/tuning.py then only compiles a key's block configs)."""
     return runtime.PREPARING.get() is not None
@@ -191,5 +151,4 @@ def prepare(fns: dict) -> Prepared:
     finally:
         runtime.PREPARING.reset(tok_prep)
         ac.active_mode.reset(tok_mode)
-        _count_new(mode)
     return Prepared(_futures(compiled), failed, compiled)

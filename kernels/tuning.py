@@ -149,7 +149,6 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
             if device.type == "cuda" and prepare.available():
                 # in the background compile pool, which also knows the compiles already in flight
                 prepare.prepare({c: functools.partial(warm, c) for c in cands}).wait()
-                prepare.wait_idle()  # no compile holding the GIL while the timed calls are issued
             else:
                 compile_parallel(device, warm, cands)
         timed = time_all(device, {c: functools.partial(run, c) for c in cands})
@@ -193,7 +192,7 @@ def _deferred(device: torch.device, key: str, cands: list, warm: Callable) -> bo
         _PENDING[key] = prepare.prepare({c: functools.partial(warm, c) for c in cands[1:]})
         first.wait()
         calibration.COUNTERS["prepared"] += 1
-    elif pend.done() and prepare.idle():
+    elif pend.done():
         del _PENDING[key]
         pend.wait()  # every config in its kernel's cache before the timed runs launch it
         return False

@@ -150,21 +150,3 @@ def test_gpu_a_preparing_run_compiles_and_launches_nothing():
     fp8.decode(x, torch.float16, scale=scale, out=out)  # a normal launch, on what the preparing run compiled
     torch.testing.assert_close(out, fp8.decode_reference(x, torch.float16, scale=scale), rtol=0, atol=0)
 
-
-def test_idle_counts_the_compiles_in_flight(monkeypatch):
-    class Mode:
-        raw_futures: list = []
-    mode = Mode()
-    monkeypatch.setattr(P, "_inflight", 0)
-    monkeypatch.setattr(P, "_counted", 0)
-    f1, f2 = Future(), Future()
-    mode.raw_futures = [f1]
-    P._count_new(mode)
-    assert not P.idle()
-    mode.raw_futures = [f1, f2]
-    P._count_new(mode)
-    P._count_new(mode)  # nothing new: counted once
-    f1.set_result(1)
-    assert not P.idle()
-    f2.set_exception(RuntimeError("ptxas"))
-    assert P.idle()
