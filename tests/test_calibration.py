@@ -604,13 +604,18 @@ class _FakeEvent:
         return (other.t - self.t) * 1e3
 
 
-def test_interleaved_timer_rounds_and_failures(monkeypatch):
-    # the GPU timer's logic with CUDA's pieces stood in for: every candidate warmed first, then the
-    # timed calls in rounds A B C A B C; a candidate that raises is reported, the others timed
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """CUDA's pieces of the timer stood in for (host-clock events, no synchronisation, no L2 buffer)."""
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(C, "_l2_flush_buffer", lambda: torch.empty(16))
+
+
+def test_interleaved_timer_rounds_and_failures(monkeypatch, fake_cuda):
+    # the GPU timer's logic with CUDA's pieces stood in for: every candidate warmed first, then the
+    # timed calls in rounds A B C A B C; a candidate that raises is reported, the others timed
     monkeypatch.setattr(C, "_sleep_cycles_per_ms", lambda dev: None)
     calls, warmed = [], []
     boom = RuntimeError("out of resources")
@@ -633,13 +638,9 @@ def test_interleaved_timer_rounds_and_failures(monkeypatch):
         C.cuda_timer(cand("y", fail_at=1))
 
 
-def test_a_long_candidate_is_timed_fewer_rounds(monkeypatch):
+def test_a_long_candidate_is_timed_fewer_rounds(monkeypatch, fake_cuda):
     # LONG_REPS timings of LONG_MS or more are enough for it; the short one gets every round
     import time as _time
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(C, "_l2_flush_buffer", lambda: torch.empty(16))
     monkeypatch.setattr(C, "_sleep_cycles_per_ms", lambda dev: None)
     monkeypatch.setattr(C, "LONG_MS", 1.0)
     calls = []
@@ -656,15 +657,11 @@ def test_a_long_candidate_is_timed_fewer_rounds(monkeypatch):
     assert res["long"] >= 3.0 and res["short"] < 1.0
 
 
-def test_a_timed_call_held_up_on_the_host_is_timed_again(monkeypatch):
+def test_a_timed_call_held_up_on_the_host_is_timed_again(monkeypatch, fake_cuda):
     # the GPU spin ahead of a call lasts twice its host time; a call whose host side took longer (a
     # background compile held the GIL) let the GPU wait inside the timing: it is timed again
     import time as _time
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
-    monkeypatch.setattr(C, "_l2_flush_buffer", lambda: torch.empty(16))
     monkeypatch.setattr(C, "_sleep_cycles_per_ms", lambda dev: 1000.0)
     calls = []
 
