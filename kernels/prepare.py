@@ -20,15 +20,12 @@ compiles and times at the first call, as before.
 """
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from . import runtime
-
-log = logging.getLogger("TritonKit")
 
 # At most this many compiles at once, and one core less than the machine has: Triton's front end
 # holds the GIL, LLVM and ptxas do not, and the model keeps running Python in this process meanwhile.
