@@ -209,8 +209,8 @@ def describe(device, prefix: str) -> list[str]:
     except Exception as e:  # noqa: BLE001 - the text must never fail the node
         return [f"calibration store unavailable ({type(e).__name__}: {e})"]
     if not entries:
-        lines.append(f"calibration: each new shape class is timed once on this GPU at its first call "
-                     f"(stored in {C.store_dir()})")
+        lines.append(f"calibration: each new shape class is timed once on this GPU, at one of its first calls "
+                     f"(its candidates compile in the background meanwhile; stored in {C.store_dir()})")
         return lines
     lines.append(f"calibration: {len(entries)} shape classes measured on this GPU ({C.store_dir()}):")
     for k, v in sorted(entries.items())[:12]:
