@@ -608,11 +608,13 @@ def _prepare_first(dkey: str, key: str, candidates: dict, default: str,
     if pend is None:
         COUNTERS["prepared"] += 1
         if defer:
-            # the default runs now: its kernels first, waited for; the others compile meanwhile
-            first = prepare.prepare({default: candidates[default]} if default != prefer else {})
+            # the default runs now: its kernels first, waited for (ComfyUI's own path has none); the
+            # others compile meanwhile
+            first = prepare.prepare({default: candidates[default]}) if default != prefer else None
             _PENDING[(dkey, key)] = prepare.prepare({n: fn for n, fn in candidates.items()
                                                      if n not in (prefer, default)})
-            first.wait()
+            if first is not None:
+                first.wait()
             COUNTERS["deferred_calls"] += 1
             log_once("deferred", "TritonKit calibration: each new shape class keeps its default path while its "
                      "candidates compile in the background, and is timed at a later call once they are ready",
