@@ -241,7 +241,12 @@ def test_variant_candidates_carry_each_variants_own_configs():
     ws = A.variant_candidates(90, 64, 2, False, (A.TMA_WS,))
     assert ws and all(c[2] == 8 and c[4] == A.TMA_WS for c in ws)  # 4-warp WS configs abort Triton 3.6
     tma = A.variant_candidates(90, 64, 2, False, (A.TMA_OFF, A.TMA_ON))
-    assert {c[4] for c in tma} == {0, 1} and [c[:4] for c in tma if c[4] == 1] == A.candidates(90, 64, 2, False)
+    assert {c[4] for c in tma} == {0, 1} and [c[:4] for c in tma if c[4] == 1] == A.candidates(90, 64, 2, "exact-tma")
+    assert [c[:4] for c in tma if c[4] == 0] == A.candidates(90, 64, 2, False)
+    # TMA for K / V alone (a padded head: Q through pointers) keeps the pointer loads' configs
+    kv = A.variant_candidates(90, 64, 2, False, (A.TMA_OFF, A.TMA_ON), q_tma=False)
+    assert [c[:4] for c in kv if c[4] == 1] == A.candidates(90, 64, 2, False)
+    assert A.candidates(90, 128, 2, "exact-tma") != A.candidates(90, 128, 2, False)
 
 
 def test_cross_attention_sd_context(poison):
@@ -297,9 +302,18 @@ def test_tma_tile_addressing_in_the_interpreter(layout, D, poison, monkeypatch):
     # neighbouring head (bld) or the zero fill (bhld). GQA, a mask and causal on top.
     monkeypatch.setattr(A, "TMA_IN_INTERPRETER", True)
     monkeypatch.setenv("TRITONKIT_ATTN_TMA", "1")
+    flags = []
+    real_launch = A.launch_kernel
+
+    def spy(kern, grid, *args, **kw):
+        flags.append((kw["USE_TMA"], kw["Q_TMA"]))
+        return real_launch(kern, grid, *args, **kw)
+    monkeypatch.setattr(A, "launch_kernel", spy)
     for dtype in (torch.float16, torch.bfloat16):
         run_case(2, 4, 2, 37, 45, D, dtype, layout, layout, "exact", "bool", 2, True, None, (16, 16, 4, 1), D,
                  poison)
+    # Q comes through TMA too where the head needs no padding (a padded tile would read the next head)
+    assert flags and set(flags) == {(True, D == A.block_d_for(D))}
     gen = torch.Generator().manual_seed(1)
     q, k, v = make_qkv(1, 2, 2, 20, 20, D, torch.float16, layout, gen)
     assert A._tma_view(*(A._split(x, 2, layout == "bhld")[0] for x in (k, v)), 1, 2, 20, D, layout == "bhld")
