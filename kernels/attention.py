@@ -793,10 +793,12 @@ def tma_variants_for(cc: int | None, dtype) -> tuple:
 def _table(int8: bool, variant: int, q_tma: bool = True):
     """The name candidates() takes for this mode and variant. TMA loads of K / V alone (Q through
     pointers: a padded head) keep the pointer loads' configs: the 4-warp TMA configs need Q's tile
-    in shared memory (and timed erratically at SD1.5's padded head 40 on an H100, 2026-11-25)."""
+    in shared memory (and timed erratically at SD1.5's padded head 40 on an H100, 2026-11-25). So
+    does the opt-in warp specialisation: its buffers need more shared memory (263 KB at
+    (128, 128, 8, 3), head 128, over the H200's 227 KB)."""
     if int8:
         return (True, "int8-fp8pv", "int8-f16acc")[variant]
-    return "exact-tma" if variant != TMA_OFF and q_tma else False
+    return "exact-tma" if variant == TMA_ON and q_tma else False
 
 
 def variant_candidates(cc: int, block_d: int, in_bytes: int, int8: bool, variants, q_tma: bool = True) -> list:
@@ -807,8 +809,11 @@ def variant_candidates(cc: int, block_d: int, in_bytes: int, int8: bool, variant
         cands = candidates(cc, block_d, in_bytes, _table(int8, v, q_tma))
         if not int8 and v == TMA_WS:
             # Triton 3.6's warp-specialisation pass aborts on the 4-warp configs (an MLIR
-            # dominance assertion, sm90, H100 2026-11-23); 8 warps compile
-            cands = [c for c in cands if c[2] == 8] or cands
+            # dominance assertion, sm90, H100 2026-11-23); 8 warps compile. Its buffers take about
+            # one more Q tile of shared memory (263 KB at (128, 128, 8, 3), head 128, H200).
+            room = _SMEM[arch_family(cc)]
+            cands = [c for c in cands if c[2] == 8
+                     and _smem_bytes(c, block_d, in_bytes, False) + c[0] * block_d * in_bytes <= room] or cands
         out += [tuple(c) + (v,) for c in cands]
     return out
 

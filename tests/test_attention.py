@@ -240,6 +240,11 @@ def test_variant_candidates_carry_each_variants_own_configs():
     assert both[0][4] == 0 and both[-1][4] == 1  # the default variant's configs first
     ws = A.variant_candidates(90, 64, 2, False, (A.TMA_WS,))
     assert ws and all(c[2] == 8 and c[4] == A.TMA_WS for c in ws)  # 4-warp WS configs abort Triton 3.6
+    # the opt-in warp specialisation keeps the pointer table's 8-warp configs that leave room for its
+    # buffers: (128, 128, 8, 3) overflowed the shared memory with them (263 KB, H200)
+    ws128 = [c[:4] for c in A.variant_candidates(90, 128, 2, False, (A.TMA_WS,))]
+    assert ws128 and set(ws128) < {c for c in A.candidates(90, 128, 2, False) if c[2] == 8}
+    assert (128, 128, 8, 3) not in ws128
     tma = A.variant_candidates(90, 64, 2, False, (A.TMA_OFF, A.TMA_ON))
     assert {c[4] for c in tma} == {0, 1} and [c[:4] for c in tma if c[4] == 1] == A.candidates(90, 64, 2, "exact-tma")
     assert [c[:4] for c in tma if c[4] == 0] == A.candidates(90, 64, 2, False)
