@@ -28,6 +28,21 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _tile(L, BLOCK_M: tl.constexpr):
+    """This program's query block and batch·head, query blocks fastest."""
+    pid = tl.program_id(0)
+    nm = L // BLOCK_M
+    return pid % nm, pid // nm
+
+
+@triton.jit
+def _start(BLOCK_M: tl.constexpr, D: tl.constexpr):
+    """The online softmax's running max, running sum and the output accumulator."""
+    return (tl.zeros([BLOCK_M], tl.float32) - float("inf"), tl.zeros([BLOCK_M], tl.float32),
+            tl.zeros([BLOCK_M, D], tl.float32))
+
+
+@triton.jit
 def _softmax_step(qk, c, m_i, l_i, acc):
     m_ij = tl.maximum(m_i, tl.max(qk, 1) * c)
     p = tl.math.exp2(qk * c - m_ij[:, None])
@@ -40,17 +55,13 @@ def _softmax_step(qk, c, m_i, l_i, acc):
 @triton.jit
 def exact_ptr(Q, K, V, O, c, L, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
               WS: tl.constexpr):
-    pid = tl.program_id(0)
-    nm = L // BLOCK_M
-    sm = pid % nm
-    base = (pid // nm).to(tl.int64) * L * D
+    sm, bh = _tile(L, BLOCK_M)
+    base = bh.to(tl.int64) * L * D
     offs_m = sm * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :])
-    m_i = tl.zeros([BLOCK_M], tl.float32) - float("inf")
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    m_i, l_i, acc = _start(BLOCK_M, D)
     for start_n in tl.range(0, L, BLOCK_N, warp_specialize=WS):
         k = tl.load(K + base + (start_n + offs_n)[:, None] * D + offs_d[None, :])
         qk = tl.dot(q, tl.trans(k))
@@ -63,14 +74,10 @@ def exact_ptr(Q, K, V, O, c, L, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D:
 @triton.jit
 def exact_tma(QD, KD, VD, OD, c, L, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
               WS: tl.constexpr):
-    pid = tl.program_id(0)
-    nm = L // BLOCK_M
-    sm = pid % nm
-    row0 = (pid // nm) * L
+    sm, bh = _tile(L, BLOCK_M)
+    row0 = bh * L
     q = QD.load([row0 + sm * BLOCK_M, 0])
-    m_i = tl.zeros([BLOCK_M], tl.float32) - float("inf")
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    m_i, l_i, acc = _start(BLOCK_M, D)
     for start_n in tl.range(0, L, BLOCK_N, warp_specialize=WS):
         k = KD.load([row0 + start_n, 0])
         qk = tl.dot(q, tl.trans(k))
@@ -83,19 +90,15 @@ def exact_tma(QD, KD, VD, OD, c, L, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 @triton.jit
 def int8_ptr(Q, K, V, O, QS, KS, L, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
              WS: tl.constexpr):
-    pid = tl.program_id(0)
-    nm = L // BLOCK_M
-    sm = pid % nm
-    bh = (pid // nm).to(tl.int64)
+    sm, bh = _tile(L, BLOCK_M)
+    bh = bh.to(tl.int64)
     base = bh * L * D
     offs_m = sm * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :])
     qc = tl.load(QS + bh * L + offs_m)
-    m_i = tl.zeros([BLOCK_M], tl.float32) - float("inf")
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    m_i, l_i, acc = _start(BLOCK_M, D)
     KS_b = KS + bh * (L // BLOCK_N)
     for start_n in tl.range(0, L, BLOCK_N, warp_specialize=WS):
         k = tl.load(K + base + (start_n + offs_n)[:, None] * D + offs_d[None, :])
