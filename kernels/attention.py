@@ -423,8 +423,8 @@ _CANDIDATES = {
 # Exact mode with TMA loads (sm90+; K, V and, at unpadded heads, Q through tensor descriptors):
 # with Q's tile in shared memory, 4-warp configs no longer spill, and two of their CTAs fit an SM
 # (98-115 KB of shared memory each), which overlaps one CTA's softmax with the other's MMAs. H100,
-# bench/attention_variants.py, 2026-11-25: (128, 64, 4, 2) 530 TFLOPS at HunyuanVideo's shape
-# against 502 for (128, 128, 8, 3); (64, 128, 4, 3) 423 at SDXL's head 64 against 364.
+# bench/attention_variants.py, 2026-11-25: (128, 64, 4, 2) 519 TFLOPS at HunyuanVideo's shape
+# against 498 for (128, 128, 8, 3); (64, 128, 4, 3) 418 at SDXL's head 64 against 362.
 _CANDIDATES_TMA = {
     "sm90": {64: [(64, 128, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
              128: [(128, 64, 4, 2), (64, 64, 4, 3), (128, 128, 8, 3)],
