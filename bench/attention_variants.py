@@ -16,12 +16,13 @@ import math
 import os
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention import A as OURS  # noqa: E402  (the pack's kernels, through bench/attention.py's import shim)
 
 LOG2E = 1.4426950408889634
