@@ -44,7 +44,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import threading
 
 import torch
 import triton
@@ -289,93 +288,159 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
-def quant_int8_kernel(X, Mean, Out, Scale, L, H, mult,
-                      stride_xb, stride_xh, stride_xl,
-                      stride_ob, stride_oh, stride_ol,
-                      stride_sb, stride_sh,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
-                      PER_ROW: tl.constexpr, SUB_MEAN: tl.constexpr, INT64: tl.constexpr,
-                      ALIGN8: tl.constexpr = False):
-    """int8 copy of one (B, H, L, D)-strided tensor into a contiguous (B, H, L, BLOCK_D) buffer
-    (padding columns = 0), ``x = (x - mean) * mult``, with a scale per row (PER_ROW) or per block
-    of BLOCK_L rows; round half away from zero, as SageAttention does. ALIGN8: as in
-    attn_fwd_kernel (16-byte rows, vector loads at head sizes 40 / 80)."""
-    if ALIGN8:
-        stride_xb, stride_xh, stride_xl = _round_strides(stride_xb, stride_xh, stride_xl, 8)
-    blk, b, h = _block_batch_head(tl.program_id(0), (L + BLOCK_L - 1) // BLOCK_L, H)
-    rows = blk * BLOCK_L + tl.arange(0, BLOCK_L)
-    rows_o = _maybe_int64(rows, INT64)
-    offs_d = tl.arange(0, BLOCK_D)
-    r_ok = rows < L
-    d_ok = offs_d < HEAD_DIM
-    ok = r_ok[:, None] & d_ok[None, :]
-    x = tl.load(X + b * stride_xb + h * stride_xh + rows_o[:, None] * stride_xl + offs_d[None, :],
-                mask=ok, other=0.0).to(tl.float32)
-    if SUB_MEAN:
-        mu = tl.load(Mean + (b * H + h) * HEAD_DIM + offs_d, mask=d_ok, other=0.0)
-        x = tl.where(ok, x - mu[None, :], 0.0)
-    x = x * mult
-    if PER_ROW:
-        amax = tl.max(tl.abs(x), 1)
-        scale = tl.maximum(amax, 1e-30) / 127.0
-        y = x / scale[:, None]
-    else:
-        amax = tl.max(tl.max(tl.abs(x), 1), 0)
-        scale = tl.maximum(amax, 1e-30) / 127.0
-        y = x / scale
-    y = tl.where(y >= 0, y + 0.5, y - 0.5)
-    tl.store(Out + b * stride_ob + h * stride_oh + rows_o[:, None] * stride_ol + offs_d[None, :],
-             y.to(tl.int8), mask=r_ok[:, None])
-    if PER_ROW:
-        tl.store(Scale + b * stride_sb + h * stride_sh + rows, scale, mask=r_ok)
-    else:
-        tl.store(Scale + b * stride_sb + h * stride_sh + blk, scale)
+# K's per-channel sum over the sequence is accumulated as int64 fixed point, KSUM_ONE = 1.0 (24
+# fractional bits; a chunk's fp32 partial is clamped to +-2**62 first): integer adds give the same sum whatever order the programs' atomics land in, so
+# the K mean (and every output) is the same run to run, which fp32 atomics would not give.
+KSUM_ONE = tl.constexpr(2.0 ** 24)
+_KSUM_CLAMP = tl.constexpr(2.0 ** 62)
 
 
 @triton.jit
-def v_absmax_kernel(X, Amax, L, H, stride_xb, stride_xh, stride_xl,
+def kv_stats_kernel(K, V, KSum, VAmax, L, H,
+                    stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
-                    CHUNK: tl.constexpr, INT64: tl.constexpr, ALIGN8: tl.constexpr = False):
-    """Per (batch, head, channel) max |v| over the sequence into a zeroed fp32 (B, H, BLOCK_D)
-    buffer: each program reduces CHUNK rows, then one atomic max per channel."""
-    if ALIGN8:
-        stride_xb, stride_xh, stride_xl = _round_strides(stride_xb, stride_xh, stride_xl, 8)
+                    CHUNK: tl.constexpr, AMAX_V: tl.constexpr, INT64: tl.constexpr,
+                    ALIGN8_K: tl.constexpr = False, ALIGN8_V: tl.constexpr = False):
+    """The 8-bit mode's statistics over the sequence, per (batch, kv head, channel), in one pass
+    over K (and V): K's sum (int64 fixed point, KSUM_ONE = 1.0, into a zeroed (B, H, BLOCK_D)
+    buffer; the smoothing mean is KSum / L) and, with AMAX_V, V's max |v| (fp32, zeroed buffer;
+    the fp8 V copy's per-channel scale). Each program reduces CHUNK rows, then one atomic per
+    channel."""
+    if ALIGN8_K:
+        stride_kb, stride_kh, stride_kl = _round_strides(stride_kb, stride_kh, stride_kl, 8)
+    if ALIGN8_V:
+        stride_vb, stride_vh, stride_vl = _round_strides(stride_vb, stride_vh, stride_vl, 8)
     blk, b, h = _block_batch_head(tl.program_id(0), tl.cdiv(L, CHUNK), H)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    m = tl.zeros([BLOCK_D], dtype=tl.float32)
+    # element-wise accumulators, reduced over rows once at the end: a reduction per tile would
+    # wait for each tile's loads before issuing the next (0.8 TB/s on an H100, 2026-11-25)
+    s2 = tl.zeros([BLOCK_L, BLOCK_D], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_L, BLOCK_D], dtype=tl.float32)
     for r0 in tl.static_range(0, CHUNK, BLOCK_L):
         rows = blk * CHUNK + r0 + tl.arange(0, BLOCK_L)
         rows_o = _maybe_int64(rows, INT64)
-        x = tl.load(X + b * stride_xb + h * stride_xh + rows_o[:, None] * stride_xl + offs_d[None, :],
-                    mask=(rows < L)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        m = tl.maximum(m, tl.max(tl.abs(x), 0))
-    tl.atomic_max(Amax + (b * H + h) * BLOCK_D + offs_d, m)
+        ok = (rows < L)[:, None] & d_ok[None, :]
+        s2 += tl.load(K + b * stride_kb + h * stride_kh + rows_o[:, None] * stride_kl + offs_d[None, :],
+                      mask=ok, other=0.0).to(tl.float32)
+        if AMAX_V:
+            xv = tl.load(V + b * stride_vb + h * stride_vh + rows_o[:, None] * stride_vl + offs_d[None, :],
+                         mask=ok, other=0.0).to(tl.float32)
+            m2 = tl.maximum(m2, tl.abs(xv))
+    s = tl.sum(s2, 0)
+    m = tl.max(m2, 0)
+    fixed = tl.minimum(tl.maximum(s * KSUM_ONE, -_KSUM_CLAMP), _KSUM_CLAMP)
+    tl.atomic_add(KSum + (b * H + h) * BLOCK_D + offs_d, fixed.to(tl.int64), mask=d_ok)
+    if AMAX_V:
+        tl.atomic_max(VAmax + (b * H + h) * BLOCK_D + offs_d, m)
 
 
 @triton.jit
-def quant_v_fp8_kernel(X, Amax, Out, L, H,
-                       stride_xb, stride_xh, stride_xl, stride_ob, stride_oh, stride_od,
-                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
-                       INT64: tl.constexpr, ALIGN8: tl.constexpr = False):
-    """fp8 e4m3 copy of V for the fp8 P·V: ``v * 448 / max|v|`` per channel (every channel spans
-    e4m3's range; no mean subtraction: smoothing V by its mean measured worse at long sequences,
-    cos 0.99895 vs 0.99927 at L=32760), written transposed into a contiguous zero-padded
-    (B, H, BLOCK_D, L_pad) buffer (keys contiguous, the K-major operand the fp8 MMA needs)."""
-    if ALIGN8:
-        stride_xb, stride_xh, stride_xl = _round_strides(stride_xb, stride_xh, stride_xl, 8)
-    blk, b, h = _block_batch_head(tl.program_id(0), tl.cdiv(stride_od, BLOCK_L), H)
+def _int8_tile(x, PER_ROW: tl.constexpr):
+    """(int8 tile, scale): one scale per row (PER_ROW) or one for the tile, max |x| / 127; rounded
+    half away from zero, as SageAttention does."""
+    if PER_ROW:
+        scale = tl.maximum(tl.max(tl.abs(x), 1), 1e-30) / 127.0
+        y = x / scale[:, None]
+    else:
+        scale = tl.maximum(tl.max(tl.max(tl.abs(x), 1), 0), 1e-30) / 127.0
+        y = x / scale
+    y = tl.where(y >= 0, y + 0.5, y - 0.5)
+    return y.to(tl.int8), scale
+
+
+@triton.jit
+def quant_qkv_kernel(Q, K, V, KSum, VAmax, QO, QS, KO, KS, VO,
+                     Lq, Lk, H, HK, NQ, NK, q_mult, k_mean_mult,
+                     stride_qb, stride_qh, stride_ql,
+                     stride_kb, stride_kh, stride_kl,
+                     stride_vb, stride_vh, stride_vl,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_LQ: tl.constexpr,
+                     BLOCK_LK: tl.constexpr, BLOCK_LV: tl.constexpr, FP8_V: tl.constexpr, INT64: tl.constexpr,
+                     ALIGN8_Q: tl.constexpr = False, ALIGN8_K: tl.constexpr = False,
+                     ALIGN8_V: tl.constexpr = False):
+    """The 8-bit mode's operands in one launch, from (B, H, L, D)-strided Q, K, V into contiguous,
+    zero-padded buffers:
+
+    * programs [0, NQ): Q · q_mult (softmax scale and log2(e)) to int8 QO (B, H, Lq, BLOCK_D), one
+      scale per row in QS (B, H, Lq);
+    * programs [NQ, NQ + NK): K minus its mean (KSum · k_mean_mult, from kv_stats_kernel) to int8
+      KO (B, HK, Lk, BLOCK_D), one scale per BLOCK_LK keys (the attention kernel's BLOCK_N) in KS
+      (B, HK, cdiv(Lk, BLOCK_LK));
+    * the rest, with FP8_V: V · 448 / max|v| per channel (VAmax, from kv_stats_kernel; no mean
+      subtracted: smoothing V by its mean measured worse at long sequences, cos 0.99895 vs 0.99927
+      at L=32760) to fp8 e4m3, transposed into VO (B, HK, BLOCK_D, L_pad), L_pad = Lk rounded up to
+      128 (keys contiguous: the K-major operand the fp8 MMA needs).
+
+    ALIGN8_*: as in attn_fwd_kernel (16-byte rows, vector loads at head sizes 40 / 80)."""
+    if ALIGN8_Q:
+        stride_qb, stride_qh, stride_ql = _round_strides(stride_qb, stride_qh, stride_ql, 8)
+    if ALIGN8_K:
+        stride_kb, stride_kh, stride_kl = _round_strides(stride_kb, stride_kh, stride_kl, 8)
+    if ALIGN8_V:
+        stride_vb, stride_vh, stride_vl = _round_strides(stride_vb, stride_vh, stride_vl, 8)
+    # each part in a function of its own: Triton merges a name bound in both arms of an if, and
+    # the parts' tiles differ in type and shape
+    pid = tl.program_id(0)
+    if pid < NQ:
+        _quant_q_part(Q, QO, QS, pid, Lq, H, q_mult, stride_qb, stride_qh, stride_ql,
+                      HEAD_DIM, BLOCK_D, BLOCK_LQ, INT64)
+    elif pid < NQ + NK:
+        _quant_k_part(K, KSum, KO, KS, pid - NQ, Lk, HK, k_mean_mult, stride_kb, stride_kh, stride_kl,
+                      HEAD_DIM, BLOCK_D, BLOCK_LK, INT64)
+    elif FP8_V:
+        _quant_v_part(V, VAmax, VO, pid - NQ - NK, Lk, HK, stride_vb, stride_vh, stride_vl,
+                      HEAD_DIM, BLOCK_D, BLOCK_LV, INT64)
+
+
+@triton.jit
+def _quant_q_part(Q, QO, QS, pid, Lq, H, q_mult, stride_qb, stride_qh, stride_ql,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr):
+    blk, b, h = _block_batch_head(pid, tl.cdiv(Lq, BLOCK_L), H)
     rows = blk * BLOCK_L + tl.arange(0, BLOCK_L)
     rows_o = _maybe_int64(rows, INT64)
     offs_d = tl.arange(0, BLOCK_D)
-    ok = (rows < L)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    x = tl.load(X + b * stride_xb + h * stride_xh + rows_o[:, None] * stride_xl + offs_d[None, :],
+    r_ok = rows < Lq
+    x = tl.load(Q + b * stride_qb + h * stride_qh + rows_o[:, None] * stride_ql + offs_d[None, :],
+                mask=r_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0).to(tl.float32)
+    y, scale = _int8_tile(x * q_mult, True)
+    base = (b * H + h) * Lq
+    tl.store(QO + (base + rows_o[:, None]) * BLOCK_D + offs_d[None, :], y, mask=r_ok[:, None])
+    tl.store(QS + base + rows, scale, mask=r_ok)
+
+
+@triton.jit
+def _quant_k_part(K, KSum, KO, KS, pid, Lk, HK, k_mean_mult, stride_kb, stride_kh, stride_kl,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr):
+    nkb = tl.cdiv(Lk, BLOCK_L)
+    blk, b, h = _block_batch_head(pid, nkb, HK)
+    rows = blk * BLOCK_L + tl.arange(0, BLOCK_L)
+    rows_o = _maybe_int64(rows, INT64)
+    offs_d = tl.arange(0, BLOCK_D)
+    r_ok = rows < Lk
+    ok = r_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    x = tl.load(K + b * stride_kb + h * stride_kh + rows_o[:, None] * stride_kl + offs_d[None, :],
                 mask=ok, other=0.0).to(tl.float32)
-    inv = 448.0 / tl.maximum(tl.load(Amax + (b * H + h) * BLOCK_D + offs_d), 1e-30)
+    mu = tl.load(KSum + (b * HK + h) * BLOCK_D + offs_d).to(tl.float32) * k_mean_mult
+    y, scale = _int8_tile(tl.where(ok, x - mu[None, :], 0.0), False)
+    tl.store(KO + ((b * HK + h) * Lk + rows_o[:, None]) * BLOCK_D + offs_d[None, :], y, mask=r_ok[:, None])
+    tl.store(KS + (b * HK + h) * nkb + blk, scale)
+
+
+@triton.jit
+def _quant_v_part(V, VAmax, VO, pid, Lk, HK, stride_vb, stride_vh, stride_vl,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr):
+    l_pad = tl.cdiv(Lk, 128) * 128
+    blk, b, h = _block_batch_head(pid, tl.cdiv(l_pad, BLOCK_L), HK)
+    rows = blk * BLOCK_L + tl.arange(0, BLOCK_L)
+    rows_o = _maybe_int64(rows, INT64)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (rows < Lk)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    x = tl.load(V + b * stride_vb + h * stride_vh + rows_o[:, None] * stride_vl + offs_d[None, :],
+                mask=ok, other=0.0).to(tl.float32)
+    inv = 448.0 / tl.maximum(tl.load(VAmax + (b * HK + h) * BLOCK_D + offs_d), 1e-30)
     y = tl.minimum(tl.maximum(x * inv[None, :], -448.0), 448.0)
-    tl.store(Out + b * stride_ob + h * stride_oh + offs_d[None, :] * stride_od + rows_o[:, None],
-             y.to(tl.float8e4nv))
+    tl.store(VO + ((b * HK + h) * BLOCK_D + offs_d[None, :]) * l_pad + rows_o[:, None], y.to(tl.float8e4nv))
 
 
 # ----------------------------------------------------------------------------- configurations
@@ -611,21 +676,40 @@ def _align8(x, D, strides) -> bool:
     return D % 8 == 0 and all(st % 8 == 0 for st in strides) and x.data_ptr() % 16 == 0
 
 
-def _quantize(x, strides, B, H, L, D, block_d, mult, per_row, block_l, mean=None):
-    dev = x.device
-    out = torch.empty((B, H, L, block_d), dtype=torch.int8, device=dev)
-    nblk = cdiv(L, block_l)
-    scale = torch.empty((B, H, L if per_row else nblk), dtype=torch.float32, device=dev)
-    int64 = max(L * max(strides[2], 1), L * block_d) >= INT64_THRESHOLD
-    grid = (nblk * B * H,)
+def _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d, q_mult, block_n, fp8_v, warmup=False):
+    """The 8-bit operands of one call, in two launches (kv_stats_kernel, quant_qkv_kernel):
+    (int8 Q, its row scales, int8 K, its block scales, fp8 Vᵀ or None, V's per-channel max |v|).
+    With ``warmup`` the kernels are only compiled."""
+    dev = q4.device
+    n = B * Hk * block_d
+    stats = torch.zeros(3 * n, dtype=torch.int32, device=dev)  # one memset for both statistics
+    ksum, vamax = stats[:2 * n].view(torch.int64), stats[2 * n:].view(torch.float32)
+    l_pad = cdiv(Lk, 128) * 128
+    int64 = max(Lq * max(sq[2], 1), Lk * max(sk[2], 1), Lk * max(sv[2], 1),
+                max(Lq, l_pad) * block_d) >= INT64_THRESHOLD
+    al_q, al_k, al_v = _align8(q4, D, sq), _align8(k4, D, sk), fp8_v and _align8(v4, D, sv)
+    chunk = 256
     launch_kernel(
-        kernel_for(quant_int8_kernel, dev.type), grid,
-        x, mean if mean is not None else scale, out, scale, L, H, float(mult), strides[0], strides[1], strides[2],
-        out.stride(0), out.stride(1), out.stride(2),
-        scale.stride(0), scale.stride(1),
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=block_l, PER_ROW=per_row, SUB_MEAN=mean is not None,
-        INT64=int64, ALIGN8=_align8(x, D, strides), num_warps=4)
-    return out, scale
+        kernel_for(kv_stats_kernel, dev.type), (cdiv(Lk, chunk) * B * Hk,),
+        k4, v4, ksum, vamax, Lk, Hk, *sk, *sv,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=32, CHUNK=chunk, AMAX_V=fp8_v, INT64=int64,
+        ALIGN8_K=al_k, ALIGN8_V=al_v, num_warps=4, warmup=warmup)
+    qi = torch.empty((B, H, Lq, block_d), dtype=torch.int8, device=dev)
+    qs = torch.empty((B, H, Lq), dtype=torch.float32, device=dev)
+    ki = torch.empty((B, Hk, Lk, block_d), dtype=torch.int8, device=dev)
+    nkb = cdiv(Lk, block_n)
+    ks = torch.empty((B, Hk, nkb), dtype=torch.float32, device=dev)
+    vf = torch.empty((B, Hk, block_d, l_pad), dtype=torch.float8_e4m3fn, device=dev) if fp8_v else None
+    block_q = block_v = 64
+    nq, nk = cdiv(Lq, block_q) * B * H, nkb * B * Hk
+    nv = cdiv(l_pad, block_v) * B * Hk if fp8_v else 0
+    launch_kernel(
+        kernel_for(quant_qkv_kernel, dev.type), (nq + nk + nv,),
+        q4, k4, v4, ksum, vamax, qi, qs, ki, ks, vf if fp8_v else qi,
+        Lq, Lk, H, Hk, nq, nk, float(q_mult), 1.0 / (KSUM_ONE.value * Lk), *sq, *sk, *sv,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_LQ=block_q, BLOCK_LK=block_n, BLOCK_LV=block_v, FP8_V=fp8_v,
+        INT64=int64, ALIGN8_Q=al_q, ALIGN8_K=al_k, ALIGN8_V=al_v, num_warps=4, warmup=warmup)
+    return qi, qs, ki, ks, vf, vamax
 
 
 class _interpreted_device_calls:
@@ -729,27 +813,6 @@ def check_supported(q, k, v, heads: int, bhld: bool, mode: str = "exact", mask=N
 
 # Row offsets switch to 64-bit when an offset can reach this (tests lower it to exercise the path).
 INT64_THRESHOLD = 2 ** 31
-
-
-def _quantize_v_fp8(v4, sv, B, H, L, D, block_d):
-    """(fp8 V^T (B, H, block_d, L_pad), fp32 (B, H, block_d) per-channel max |v|)."""
-    dev = v4.device
-    amax = torch.zeros((B, H, block_d), dtype=torch.float32, device=dev)
-    int64 = max(L * max(sv[2], 1), cdiv(L, 128) * 128 * block_d) >= INT64_THRESHOLD
-    chunk = 256
-    launch_kernel(
-        kernel_for(v_absmax_kernel, dev.type), (cdiv(L, chunk) * B * H,),
-        v4, amax, L, H, sv[0], sv[1], sv[2],
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=32, CHUNK=chunk, INT64=int64, ALIGN8=_align8(v4, D, sv),
-        num_warps=4)
-    l_pad = cdiv(L, 128) * 128
-    out = torch.empty((B, H, block_d, l_pad), dtype=torch.float8_e4m3fn, device=dev)
-    block_l = 64
-    launch_kernel(
-        kernel_for(quant_v_fp8_kernel, dev.type), (cdiv(l_pad, block_l) * B * H,),
-        v4, amax, out, L, H, sv[0], sv[1], sv[2], out.stride(0), out.stride(1), out.stride(2),
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=block_l, INT64=int64, ALIGN8=_align8(v4, D, sv), num_warps=4)
-    return out, amax
 
 
 # The TMA path's tile addressing runs in the interpreter when tests set this (its descriptors are
@@ -884,13 +947,6 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
               and all(st % 8 == 0 for st in (*sq, *sk, *sv, *so))
               and all(t.data_ptr() % 16 == 0 for t in (q4, k4, v4, o)))
 
-    mean = None
-    if int8:
-        # K smoothing: the per-(b, head, channel) mean over the sequence, accumulated in fp32
-        mean = torch.mean(k4, dim=2 if bhld else 1, dtype=torch.float32).contiguous()
-        if not bhld:
-            mean = mean.view(B, Hk, D).contiguous()
-        qi, qs = _quantize(q4, sq, B, H, Lq, D, block_d, sm_scale * LOG2E, True, 64)
     tma_view = None
     if int8:
         variants = pv_modes
@@ -903,26 +959,12 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
     # Q through TMA too where K / V go that way and the head needs no padding (a padded Q tile from
     # a 2-D view would hold the next head's columns; Q's padding must be zeros)
     q_view = _tma_view2d(q4, B, H, Lq, D, bhld) if tma_view is not None and block_d == D else None
-    fp8_v = []  # the fp8 V copy the compile warm-ups share (timed runs make their own)
-    fp8_v_lock = threading.Lock() if int8 and 1 in variants else None
-
-    def v_operand(pv_mode, fresh):
-        if pv_mode != 1:
-            return v4, sv, None
-        if fresh:
-            va, vs_ = _quantize_v_fp8(v4, sv, B, Hk, Lk, D, block_d)
-        else:
-            with fp8_v_lock:
-                if not fp8_v:
-                    fp8_v.append(_quantize_v_fp8(v4, sv, B, Hk, Lk, D, block_d))
-            va, vs_ = fp8_v[0]
-        return va, (va.stride(0), va.stride(1), va.stride(2)), vs_
 
     def run(c, o_out, warmup=False):
         bm, bn, nw, ns, variant = c
         pv_mode = variant if int8 else 0
         ws = not int8 and variant == TMA_WS
-        va, sva, vs_ = v_operand(pv_mode, fresh=not warmup)
+        va, sva, vs_ = v4, sv, None
         kd = vd = qd = o_out  # unused pointers unless TMA
         tma = qtma = (0, 0, 0)
         if not int8 and variant != TMA_OFF:
@@ -934,11 +976,14 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
                 qd = TensorDescriptor.from_tensor(q_view[0], [bm, block_d])
                 qtma = q_view[1]
         if int8:
-            ki, ks = _quantize(k4, sk, B, Hk, Lk, D, block_d, 1.0, False, bn, mean=mean)
-            qa, ka = qi, ki
-            sqa, ska = (qi.stride(0), qi.stride(1), qi.stride(2)), (ki.stride(0), ki.stride(1), ki.stride(2))
-            qs_, ks_ = qs, ks
-            qss, kss = (qs.stride(0), qs.stride(1)), (ks.stride(0), ks.stride(1))
+            # the whole pre-pass runs per config (K's block scales follow BLOCK_N), so a timed
+            # candidate costs what one call with it costs
+            qa, qs_, ka, ks_, vf, vamax = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
+                                                        sm_scale * LOG2E, bn, pv_mode == 1, warmup)
+            if pv_mode == 1:
+                va, sva, vs_ = vf, (vf.stride(0), vf.stride(1), vf.stride(2)), vamax
+            sqa, ska = (qa.stride(0), qa.stride(1), qa.stride(2)), (ka.stride(0), ka.stride(1), ka.stride(2))
+            qss, kss = (qs_.stride(0), qs_.stride(1)), (ks_.stride(0), ks_.stride(1))
         else:
             qa, ka, sqa, ska = q4, k4, sq, sk
             qs_ = ks_ = o_out  # unused pointers
@@ -1200,15 +1245,29 @@ def _spec(dtype, int8, head_dim, cfg, archs, mask_kind=0, causal=False, int64=Fa
     return (attn_fwd_kernel, sig, consts, {"archs": tuple(archs), "num_warps": nw, "num_stages": ns})
 
 
-def _quant_spec(ty, per_row, sub_mean, block_l, archs):
-    sig = {"X": f"*{ty}", "Mean": "*fp32", "Out": "*i8", "Scale": "*fp32", "L": "i32", "H": "i32", "mult": "fp32"}
-    for n in ("stride_xb", "stride_xh", "stride_xl", "stride_ob", "stride_oh", "stride_ol", "stride_sb", "stride_sh"):
-        sig[n] = "i32"
-    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_L", "PER_ROW", "SUB_MEAN", "INT64", "ALIGN8"):
+def _prep_specs(ty, fp8_v, archs):
+    """The 8-bit pre-pass kernels (kv_stats_kernel, quant_qkv_kernel) at a padded head (80 -> 128)."""
+    opts = {"archs": tuple(archs), "num_warps": 4, "num_stages": 1}
+    strides = [f"stride_{t}{d}" for t in "kv" for d in "bhl"]
+    sig = {"K": f"*{ty}", "V": f"*{ty}", "KSum": "*i64", "VAmax": "*fp32", "L": "i32", "H": "i32",
+           **{n: "i32" for n in strides}}
+    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_L", "CHUNK", "AMAX_V", "INT64", "ALIGN8_K", "ALIGN8_V"):
         sig[n] = "constexpr"
-    return (quant_int8_kernel, sig, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_L": block_l, "PER_ROW": per_row,
-                                     "SUB_MEAN": sub_mean, "INT64": False, "ALIGN8": per_row},
-            {"archs": tuple(archs), "num_warps": 4, "num_stages": 1})
+    stats = (kv_stats_kernel, sig, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_L": 32, "CHUNK": 256, "AMAX_V": fp8_v,
+                                    "INT64": fp8_v, "ALIGN8_K": True, "ALIGN8_V": fp8_v}, opts)
+    sig = {"Q": f"*{ty}", "K": f"*{ty}", "V": f"*{ty}", "KSum": "*i64", "VAmax": "*fp32", "QO": "*i8",
+           "QS": "*fp32", "KO": "*i8", "KS": "*fp32", "VO": "*fp8e4nv" if fp8_v else "*i8"}
+    for n in ("Lq", "Lk", "H", "HK", "NQ", "NK"):
+        sig[n] = "i32"
+    sig.update({"q_mult": "fp32", "k_mean_mult": "fp32"})
+    sig.update({f"stride_{t}{d}": "i32" for t in "qkv" for d in "bhl"})
+    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_LQ", "BLOCK_LK", "BLOCK_LV", "FP8_V", "INT64", "ALIGN8_Q", "ALIGN8_K",
+              "ALIGN8_V"):
+        sig[n] = "constexpr"
+    quant = (quant_qkv_kernel, sig, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_LQ": 64, "BLOCK_LK": 64, "BLOCK_LV": 64,
+                                     "FP8_V": fp8_v, "INT64": fp8_v, "ALIGN8_Q": True, "ALIGN8_K": not fp8_v,
+                                     "ALIGN8_V": fp8_v}, opts)
+    return [stats, quant]
 
 
 def _compile_specs():
@@ -1217,8 +1276,8 @@ def _compile_specs():
     Covers, on every arch, every compile-time branch of the kernels with the arch's default
     config: exact (fp16 on sm75, bf16 elsewhere) and int8 (sm80+) at head size 128; padded head
     sizes (40 -> 64 with fp32 inputs on sm80+ (fp16 on sm75), a bool mask and causal; 160 -> 256
-    with int8 on sm80+, an additive mask and 64-bit offsets); both quantisation variants. :func:`all_compile_specs` adds every other
-    candidate block config (what the autotune may pick); CI compiles it when
+    with int8 on sm80+, an additive mask and 64-bit offsets); the 8-bit pre-pass kernels, with and
+    without the fp8 V copy. :func:`all_compile_specs` adds every other candidate block config (what the autotune may pick); CI compiles it when
     TRITONKIT_EXHAUSTIVE_COMPILE=1 (several minutes of ptxas on a CPU)."""
     specs = []
     for fam, archs in _FAMILY_ARCHS.items():
@@ -1233,8 +1292,7 @@ def _compile_specs():
         specs.append(_spec(dt, i8, 160, candidates(cc, 256, 2, i8)[0], archs, mask_kind=2, int64=True))
         if i8:
             specs.append(_spec(torch.float16, True, 128, candidates(cc, 128, 2, True)[0], archs))
-            specs.append(_quant_spec(_TY[dt], True, False, 64, archs))
-            specs.append(_quant_spec("fp16", False, True, 64, archs))
+            specs.extend(_prep_specs(_TY[dt], False, archs))
             if cc < 90:
                 # opt-in fp16-accumulate P·V, for GeForce Ampere / Ada (bf16 inputs: P and V go to fp16)
                 specs.append(_spec(torch.bfloat16, True, 64, candidates(cc, 64, 2, True)[0], archs, pv_mode=2))
@@ -1254,25 +1312,8 @@ def _compile_specs():
                                align8=True))
             specs.append(_spec(dt, True, 40, candidates(c, 64, 2, "int8-fp8pv")[0], fp8_archs, pv_mode=1,
                                mask_kind=1, causal=True, int64=True))
-            specs.extend(_quant_v_specs(_TY[dt], fp8_archs))
+            specs.extend(_prep_specs(_TY[dt], True, fp8_archs))
     return specs
-
-
-def _quant_v_specs(ty, archs):
-    opts = {"archs": tuple(archs), "num_warps": 4, "num_stages": 1}
-    sig = {"X": f"*{ty}", "Amax": "*fp32", "Out": "*fp8e4nv", "L": "i32", "H": "i32"}
-    for n in ("stride_xb", "stride_xh", "stride_xl", "stride_ob", "stride_oh", "stride_od"):
-        sig[n] = "i32"
-    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_L", "INT64", "ALIGN8"):
-        sig[n] = "constexpr"
-    sig2 = {"X": f"*{ty}", "Amax": "*fp32", "L": "i32", "H": "i32", "stride_xb": "i32", "stride_xh": "i32",
-            "stride_xl": "i32"}
-    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_L", "CHUNK", "INT64", "ALIGN8"):
-        sig2[n] = "constexpr"
-    return [(quant_v_fp8_kernel, sig, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_L": 64, "INT64": False, "ALIGN8": True},
-             opts),
-            (v_absmax_kernel, sig2, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_L": 32, "CHUNK": 256, "INT64": True,
-                                     "ALIGN8": False}, opts)]
 
 
 def all_compile_specs():

@@ -162,18 +162,30 @@ def test_fp8_pv_arithmetic_meets_the_accuracy_goal(kind, D):
 
 
 @pytest.mark.parametrize("layout", ["bhld", "bld"])
-def test_v_absmax_kernel(layout):
-    # the per-channel max |v| the fp8 V copy is scaled by (one atomic max per chunk of rows)
+def test_kv_stats_kernel(layout):
+    # K's per-channel sum (int64 fixed point, order-independent) and V's max |v| over the sequence,
+    # one atomic per chunk of rows; rows past L and channels past the head size add nothing
     gen = torch.Generator().manual_seed(4)
     B, H, L, D = 2, 3, 300, 40
+    k = (torch.randn(B, H, L, D, generator=gen) + 3 * torch.randn(D, generator=gen)).to(torch.bfloat16)
     v = torch.randn(B, H, L, D, generator=gen).to(torch.bfloat16)
     v[1, 2, 257, 7] = -50.0
-    x = v if layout == "bhld" else v.transpose(1, 2).contiguous().view(B, L, H, D)
-    sv = (x.stride(0), x.stride(1), x.stride(2)) if layout == "bhld" else (x.stride(0), x.stride(2), x.stride(1))
+
+    def strided(x):
+        if layout == "bhld":
+            return x, (x.stride(0), x.stride(1), x.stride(2))
+        y = x.transpose(1, 2).contiguous().view(B, L, H, D)
+        return y, (y.stride(0), y.stride(2), y.stride(1))
+    (kx, sk), (vx, sv) = strided(k), strided(v)
+    ksum = torch.zeros((B, H, 64), dtype=torch.int64)  # the launcher zeroes both buffers
     amax = torch.zeros(B, H, 64)
     with A._interpreted_device_calls("cpu"):
-        A.kernel_for(A.v_absmax_kernel, "cpu")[(2 * B * H,)](
-            x, amax, L, H, *sv, HEAD_DIM=D, BLOCK_D=64, BLOCK_L=32, CHUNK=256, INT64=False)
+        A.kernel_for(A.kv_stats_kernel, "cpu")[(2 * B * H,)](
+            kx, vx, ksum, amax, L, H, *sk, *sv, HEAD_DIM=D, BLOCK_D=64, BLOCK_L=32, CHUNK=256, AMAX_V=True,
+            INT64=False)
+    mean = ksum[..., :D].double() / (A.KSUM_ONE.value * L)
+    assert (mean - k.double().mean(2)).abs().max() < 1e-5
+    assert torch.equal(ksum[..., D:], torch.zeros_like(ksum[..., D:]))
     assert torch.equal(amax[..., :D], v.float().abs().amax(2)) and amax[..., D:].abs().max() == 0
 
 
@@ -581,7 +593,7 @@ def test_cuda_compiled_model_keeps_the_op():
 # ----------------------------------------------------------------------------- auto's variant choice
 # The launcher's choice between kernel variants on a GPU, here on CPU tensors: the arch is faked,
 # the kernels are recorders and tuning's timer a fake that answers per variant. What is checked is
-# the launcher's side: every variant's configs are timed (fp8 P·V with its V pre-pass inside the
+# the launcher's side: every variant's configs are timed (each with its whole pre-pass inside the
 # timed call), fp8 P·V is taken only when it is FP8_PV_MARGIN faster, TMA when it is faster at
 # all, the final launch runs the pick, and a new process reads it from the store without timing.
 
@@ -607,24 +619,22 @@ class _FakeGPU:
         C.reset()
         T.cache().clear()
         monkeypatch.setattr(A, "_device_cc", lambda dev: cc)
+        self.prep = []  # launches of the 8-bit pre-pass kernels
         monkeypatch.setattr(A, "kernel_for", lambda fn, dev_type: _Recorder(self.log) if fn is A.attn_fwd_kernel
-                            else _Recorder([]))
-        self.v_quants = 0
-        real_qv = A._quantize_v_fp8
-
-        def qv(*a):
-            self.v_quants += 1
-            return real_qv(*a)
-        monkeypatch.setattr(A, "_quantize_v_fp8", qv)
+                            else _Recorder(self.prep))
         monkeypatch.setattr(T, "time_ms", self.bench)
 
     def bench(self, device, fn):
-        n, q0 = len(self.log), self.v_quants
+        n, p0 = len(self.log), len(self.prep)
         fn()
         kw = self.log[-1][1]
         assert len(self.log) == n + 1 and self.log[-1][0] == "launch"
-        if kw["PV_MODE"] == 1:
-            assert self.v_quants == q0 + 1  # the fp8 V copy is made inside the timed call
+        if kw["INT8"]:
+            # the whole pre-pass (statistics, then Q / K and, for fp8 P·V, the V copy) runs
+            # inside the timed call, with the BLOCK_N it times
+            (_, stats), (_, quant) = self.prep[p0:]
+            assert stats["AMAX_V"] == quant["FP8_V"] == (kw["PV_MODE"] == 1)
+            assert quant["BLOCK_LK"] == kw["BLOCK_N"]
         variant = kw["PV_MODE"] if kw["INT8"] else (2 if kw["WARP_SPEC"] else int(kw["USE_TMA"]))
         self.timed.append((kw["BLOCK_M"], kw["BLOCK_N"], variant))
         return self.times[variant] * (1 + kw["BLOCK_N"] / 1e4)  # the larger block slightly slower
