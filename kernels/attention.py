@@ -1038,7 +1038,7 @@ def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None,
     if int8 and 1 in variants and len(variants) > 1:
         weight = lambda c: FP8_PV_MARGIN if c[4] == 1 else 1.0  # noqa: E731
     return tuning.pick(dev, skey, cands, run=lambda c: run(c, o), warm=lambda c: run(c, o, warmup=True),
-                       weight=weight)
+                       weight=weight, family=lambda c: c[4])
 
 
 # ----------------------------------------------------------------------------- custom op

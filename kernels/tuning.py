@@ -111,12 +111,14 @@ def compile_parallel(device: torch.device, warm: Callable, cands: Sequence) -> N
 
 
 def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
-         warm: Optional[Callable] = None, weight: Optional[Callable] = None) -> tuple:
+         warm: Optional[Callable] = None, weight: Optional[Callable] = None,
+         family: Optional[Callable] = None) -> tuple:
     """The config for ``key`` among ``cands`` (tuples): this process's pick, else the stored one,
     else the fastest of ``run(c)`` timed here (after compiling all with ``warm(c)`` in parallel),
     stored. The first candidate when there is one, when timing is off, or when none runs.
     ``weight(c)`` (default 1) multiplies a candidate's time before the comparison: a less accurate
-    variant has to be that much faster to be picked."""
+    variant has to be that much faster to be picked. ``family(c)``: the kernel variant ``c`` runs;
+    the playoff takes the best of every variant that comes close, besides the best two."""
     hit = _CACHE.get(key)  # the per-call path: one dict lookup
     if hit is not None:
         return hit
@@ -153,7 +155,7 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
                 compile_parallel(device, warm, cands)
         timed = time_all(device, {c: functools.partial(run, c) for c in cands})
         ms = {c: [t] for c, t in timed.items() if not isinstance(t, Exception)}  # candidate -> its timings
-        sustained = _playoff(device, ms, run, weight)
+        sustained = _playoff(device, ms, run, weight, family)
         best, best_ms = _fastest(ms, weight)
         if sustained:
             best = min(sustained, key=lambda c: _score(sustained, c, weight))
@@ -204,12 +206,12 @@ def _deferred(device: torch.device, key: str, cands: list, warm: Callable) -> bo
 # an H100 whose cuDNN timings spread 554-688 TFLOPS on one shape (2026-11-23), the tuner kept the
 # 8-bit kernel's 16-bit P·V variant at HunyuanVideo's shape, where the interleaved bench measured
 # the fp8 one 13 % faster (noise is the likely cause, not established). So when the runner-up is
-# within PLAYOFF_WITHIN of the best, the two are timed PLAYOFF_ROUNDS more times (interleaved) and
-# each is ranked by the median of its timings: a few more runs of two kernels, on the first call of
-# a shape class only.
+# within PLAYOFF_WITHIN of the best, the two (and the best of each other kernel variant within it:
+# :func:`_finalists`) are timed PLAYOFF_ROUNDS more times (interleaved) and each is ranked by the
+# median of its timings: a few more runs of two or three kernels, on the first call of a shape class only.
 PLAYOFF_WITHIN = 1.15
 PLAYOFF_ROUNDS = 3
-# On a GPU the playoff times each of the two in bursts of back-to-back calls (about SUSTAIN_MS each, at
+# On a GPU the playoff times each finalist in bursts of back-to-back calls (about SUSTAIN_MS each, at
 # most SUSTAIN_MAX calls), per call, and the pick goes to the faster of them that way. Timed alone,
 # one call after an L2 flush and a GPU spin, the 8-bit attention's (128, 64, 8, 3) and (64, 64, 4, 3)
 # tied on an H200 at HunyuanVideo's shape (7.770 and 7.776 ms); in bursts of 20 calls the first took
@@ -256,13 +258,36 @@ def _sustained_ms(device: torch.device, fns: dict, est: dict) -> dict:
     return out
 
 
-def _playoff(device, ms: dict, run: Callable, weight: Optional[Callable]) -> Optional[dict]:
-    """Times the best two of ``ms`` again, PLAYOFF_ROUNDS times, when they are within PLAYOFF_WITHIN
-    (a candidate that fails now is dropped from ``ms``). Off a GPU the timings are added to ``ms``
-    and None is returned; on a GPU they are taken in bursts (SUSTAIN_MS) and returned, candidate ->
-    its burst timings, for the pick between the two."""
-    pair = sorted(ms, key=lambda c: _score(ms, c, weight))[:2]
-    if len(pair) < 2 or _score(ms, pair[1], weight) > _score(ms, pair[0], weight) * PLAYOFF_WITHIN:
+def _finalists(ms: dict, weight: Optional[Callable], family: Optional[Callable]) -> list:
+    """The candidates of the playoff, best first: the best two when the runner-up is within
+    PLAYOFF_WITHIN of the best, and the best of each other ``family`` (kernel variant) within it.
+    Timed alone the variants rank differently than under load: on an H200 at WAN's 32760 keys the
+    8-bit kernel's 16-bit P·V (128, 64, 4, 3) timed 34.4 ms alone, its fp8 P·V (128, 128, 8, 3)
+    36.4, and back to back 38.3 against 34.7 ms; with only the best two in the playoff (both 16-bit
+    P·V), `auto` never timed the fp8 one under load and took the slower variant (2026-11-25)."""
+    ranked = sorted(ms, key=lambda c: _score(ms, c, weight))
+    if len(ranked) < 2:
+        return []
+    limit = _score(ms, ranked[0], weight) * PLAYOFF_WITHIN
+    close = [c for c in ranked if _score(ms, c, weight) <= limit]
+    out = close[:2]
+    if family is not None:
+        seen = {family(c) for c in out}
+        for c in close[2:]:
+            if family(c) not in seen:
+                seen.add(family(c))
+                out.append(c)
+    return out if len(out) > 1 else []
+
+
+def _playoff(device, ms: dict, run: Callable, weight: Optional[Callable],
+             family: Optional[Callable] = None) -> Optional[dict]:
+    """Times the finalists of ``ms`` (:func:`_finalists`) again, PLAYOFF_ROUNDS times (a candidate
+    that fails now is dropped from ``ms``). Off a GPU the timings are added to ``ms`` and None is
+    returned; on a GPU they are taken in bursts (SUSTAIN_MS) and returned, candidate -> its burst
+    timings, for the pick between them."""
+    pair = _finalists(ms, weight, family)
+    if not pair:
         return None
     gpu = device.type == "cuda"
     est = {c: statistics.median(ms[c]) for c in pair}

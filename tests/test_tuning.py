@@ -226,6 +226,38 @@ def test_on_a_gpu_the_playoff_times_the_two_in_bursts_and_picks_between_them(mon
     assert rec["playoff_sustained_ms"] == {",".join(map(str, lucky)): 1.3, ",".join(map(str, steady)): 1.1}
 
 
+def test_the_playoff_takes_the_best_of_each_close_variant(monkeypatch):
+    # the best two are one variant; the other variant's best, close behind alone, is faster in
+    # bursts (as fp8 P·V at WAN's shape on an H200): it joins the playoff and wins it
+    a0, b0, c1, d1, far2 = (128, 64, 4, 3, 0), (128, 64, 4, 4, 0), (128, 128, 8, 3, 1), (128, 64, 8, 3, 1), \
+        (64, 64, 4, 3, 2)
+    alone = {a0: 34.4, b0: 35.5, c1: 36.4, d1: 40.2, far2: 34.4 * T.PLAYOFF_WITHIN * 1.01}
+    monkeypatch.setattr(T, "time_all", lambda device, fns: {c: alone[c] for c in fns})
+    bursts = []
+
+    def sustained(device, fns, est):
+        bursts.append(list(fns))
+        return {c: {a0: 38.3, b0: 38.0, c1: 34.7}[c] for c in fns}
+    monkeypatch.setattr(T, "_sustained_ms", sustained)
+    monkeypatch.setattr(C, "recall", lambda *a: None)
+    stored = {}
+    monkeypatch.setattr(C, "remember", lambda dev, key, rec: stored.update({key: rec}))
+    family = lambda c: c[4]  # noqa: E731
+    assert T.pick(torch.device("cuda"), "k|fam", list(alone), run=lambda c: None, family=family) == c1
+    assert bursts[0] == [a0, b0, c1] and bursts[1] == [c1, b0, a0]  # d1 is c1's family, far2 too far
+    assert set(stored["k|fam"]["playoff_sustained_ms"]) == {",".join(map(str, c)) for c in (a0, b0, c1)}
+    # without families: the best two only
+    bursts.clear()
+    T.cache().clear()
+    assert T.pick(torch.device("cuda"), "k|nofam", list(alone), run=lambda c: None) == b0
+    assert bursts[0] == [a0, b0]
+    # a weight counts in the playoff too: c1 weighted 1.12 loses its burst lead (34.7 * 1.12 > 38.0)
+    bursts.clear()
+    T.cache().clear()
+    w = lambda c: 1.12 if c[4] == 1 else 1.0  # noqa: E731
+    assert T.pick(torch.device("cuda"), "k|famw", list(alone), run=lambda c: None, family=family, weight=w) == b0
+
+
 @pytest.mark.gpu
 def test_gpu_burst_timing_is_per_call():
     dev = torch.device("cuda")
