@@ -289,8 +289,9 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
 
 
 # K's per-channel sum over the sequence is accumulated as int64 fixed point, KSUM_ONE = 1.0 (24
-# fractional bits; a chunk's fp32 partial is clamped to +-2**62 first): integer adds give the same sum whatever order the programs' atomics land in, so
-# the K mean (and every output) is the same run to run, which fp32 atomics would not give.
+# fractional bits; a chunk's fp32 partial is clamped to +-2**62 first): integer adds give the same
+# sum whatever order the programs' atomics land in, so the K mean (and every output) is the same
+# run to run, which fp32 atomics would not give.
 KSUM_ONE = tl.constexpr(2.0 ** 24)
 _KSUM_CLAMP = tl.constexpr(2.0 ** 62)
 
@@ -1277,8 +1278,9 @@ def _compile_specs():
     config: exact (fp16 on sm75, bf16 elsewhere) and int8 (sm80+) at head size 128; padded head
     sizes (40 -> 64 with fp32 inputs on sm80+ (fp16 on sm75), a bool mask and causal; 160 -> 256
     with int8 on sm80+, an additive mask and 64-bit offsets); the 8-bit pre-pass kernels, with and
-    without the fp8 V copy. :func:`all_compile_specs` adds every other candidate block config (what the autotune may pick); CI compiles it when
-    TRITONKIT_EXHAUSTIVE_COMPILE=1 (several minutes of ptxas on a CPU)."""
+    without the fp8 V copy. :func:`all_compile_specs` adds every other candidate block config
+    (what the autotune may pick); CI compiles it when TRITONKIT_EXHAUSTIVE_COMPILE=1 (several
+    minutes of ptxas on a CPU)."""
     specs = []
     for fam, archs in _FAMILY_ARCHS.items():
         cc = archs[0]
