@@ -32,6 +32,11 @@ def lines(doc: dict) -> list[str]:
         if cal.get("calibrations") or cal.get("autotunes"):
             parts.append(f"calibrated {cal.get('calibrations', 0)} ({_f(cal.get('calibration_s'), 1)} s), "
                          f"tuned {cal.get('autotunes', 0)} ({_f(cal.get('autotune_s'), 1)} s)")
+        skipped = sum(1 for v in (cal.get("new_choices") or {}).values() if v.get("not_timed"))
+        if skipped or cal.get("rates"):
+            rates = "; ".join(f"{k.split('|', 1)[1]} {v.get('matmul_tflops')} TFLOPS, {v.get('copy_gbps')} GB/s"
+                              for k, v in (cal.get("rates") or {}).items())
+            parts.append(f"{skipped} classes with a candidate not timed (roofline)" + (f", rates {rates}" if rates else ""))
         if cal.get("deferred_calls") or r.get("calibrating_steps"):
             parts.append(f"{cal.get('prepared', 0)} prepared, {cal.get('deferred_calls', 0)} calls deferred, "
                          f"calibrating steps {r.get('calibrating_steps')}, timed from step {r.get('timed_from_step')}, "

@@ -468,8 +468,10 @@ def _calibration_delta(before: dict, after: dict) -> dict:
                                                       "deferred_calls", "stalled_timings")}
     out.update({k: round(c1[k] - c0.get(k, 0.0), 3) for k in ("calibration_s", "autotune_s") if k in c1})
     return {**out, "timing": after["timing"], "dir": after["dir"],
-            "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {})}
+            "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {}),
+                                **({"not_timed": v["not_timed"]} if v.get("not_timed") else {})}
                             for k, v in new.items() if "choice" in v},
+            "rates": {k: v for k, v in new.items() if k.startswith("rates|")},
             # block-config picks of the kernels' tuner, with every candidate's median (kernels/tuning.py)
             "new_configs": {k: {"config": v["config"], "candidates_ms": v.get("candidates_ms", {})}
                             for k, v in new.items() if "config" in v}}

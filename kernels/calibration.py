@@ -462,6 +462,11 @@ def _interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def timer_is_fake() -> bool:
+    """True while a test's fake clock (:func:`set_timer`) stands in for the GPU's."""
+    return _timer is not None
+
+
 def can_time(device) -> bool:
     if _timer is not None:
         return True
@@ -511,14 +516,18 @@ def pick_fastest(timings: dict, default: str, prefer: Optional[str] = None,
 
 
 def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
-           prefer: Optional[str] = None) -> str:
+           prefer: Optional[str] = None, skip: Optional[Callable[[], dict]] = None) -> str:
     """The path to use for the shape class ``key`` on ``device``.
 
     ``candidates`` maps each allowed path name to a no-argument callable running the call that
     way (only paths whose accuracy the caller allows). The stored choice when there is one;
     else, where timing is possible and allowed, every candidate is timed once here and the
     fastest is stored (``prefer``, ComfyUI's own path, unless another is PREFER_MARGIN faster:
-    see :func:`pick_fastest`); else ``default``."""
+    see :func:`pick_fastest`); else ``default``.
+
+    ``skip()``, asked only when the class is about to be compiled and timed: name -> why, the
+    candidates that can't win here and are neither compiled nor timed (never ``default``); the
+    stored entry says why."""
     if default not in candidates:
         raise ValueError(f"default {default!r} is not among the candidates {list(candidates)}")
     if _compiling():
@@ -547,7 +556,11 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         hit = _CHOICES.get((dkey, key))
         if hit in candidates:
             return hit
-        if _prepare_first(dkey, key, candidates, default, prefer):
+        skipped = {n: why for n, why in (skip() if skip is not None else {}).items()
+                   if n in candidates and n != default}
+        if skipped:
+            candidates = {n: fn for n, fn in candidates.items() if n not in skipped}
+        if len(candidates) > 1 and _prepare_first(dkey, key, candidates, default, prefer):
             return default
         bar = _progress_factory(len(candidates)) if _progress_factory is not None else None
         step = (lambda name: bar.update(1)) if bar is not None else None  # noqa: E731
@@ -556,7 +569,9 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         # the candidates' own block configs are tuned at once here, not deferred (kernels/tuning.py):
         # each candidate is timed at its best
         with synchronous():
-            if _timer is not None:
+            if len(candidates) == 1:
+                results = {}  # the others skipped: nothing to compare
+            elif _timer is not None:
                 results = {}
                 for name, fn in candidates.items():
                     try:
@@ -578,6 +593,8 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
                  "what": what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if prefer in timings:
             entry["prefer"], entry["margin"] = prefer, PREFER_MARGIN
+        if skipped:
+            entry["not_timed"] = skipped
         if errors:
             entry["errors"] = errors
         COUNTERS["calibrations"] += 1
@@ -585,7 +602,8 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         _CHOICES[(dkey, key)] = choice
         st.put(key, entry)
         log.info("TritonKit calibration on %s: %s -> %s (%s; %.1f s, stored in %s)", st.env.get("gpu"), what or key,
-                 choice, ", ".join(f"{k} {v:.3f} ms" for k, v in timings.items()) or "no candidate ran",
+                 choice, "; ".join([", ".join(f"{k} {v:.3f} ms" for k, v in timings.items()) or "no candidate ran"]
+                                   + [f"{k} not timed: {why}" for k, why in skipped.items()]),
                  time.perf_counter() - t0, st.path)
         return choice
 

@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from ..kernels import calibration as C
+from ..kernels import roofline
 
 log = logging.getLogger("TritonKit")
 
@@ -68,16 +69,17 @@ def forced(env: str, table: dict) -> Optional[str]:
 
 
 def pick(device, key: str, candidates: dict, default: str, env: str, table: dict, what: str,
-         prefer: Optional[str] = None) -> str:
+         prefer: Optional[str] = None, skip=None) -> str:
     """The forced path when it is a candidate here, else the calibrated (or default) one
-    (``prefer``: ComfyUI's own path, kept unless another is clearly faster)."""
+    (``prefer``: ComfyUI's own path, kept unless another is clearly faster; ``skip``: see
+    kernels/calibration.choose)."""
     f = None if torch.compiler.is_compiling() else forced(env, table)
     if f is not None:
         if f in candidates:
             return f
         C.log_once("notallowed:" + env + f + key, "TritonKit: %s=%s is not possible for %s; using %s", env, f, what,
                   default)
-    return C.choose(device, key, candidates, default, what=what, prefer=prefer)
+    return C.choose(device, key, candidates, default, what=what, prefer=prefer, skip=skip)
 
 
 # ----------------------------------------------------------------------------- fp8 linear
@@ -94,11 +96,19 @@ def fp8_linear_key(m, x, allowed, cc=None) -> str:
 
 def fp8_linear_path(m, x, default: str, runs: dict, cc=None) -> str:
     """'torch' / 'decode' / 'fused' for this call of an fp8 Linear (``runs``: path -> callable,
-    only the paths this call allows; ``cc``: the compute capability the paths are chosen for)."""
+    only the paths this call allows; ``cc``: the compute capability the paths are chosen for).
+    The fused linear is not timed where this GPU's rates bound its gain below the calibration's
+    noise (kernels/roofline.py); the key still names it, so a traced graph reads the same key."""
     key = fp8_linear_key(m, x, runs, cc)
+    N, K = m.weight.shape[0], x.shape[-1]
+    bucket = C.token_bucket(x.numel() // max(1, K))
+
+    def skip() -> dict:
+        why = roofline.fused_not_worth_timing(x.device, int(bucket), N, K, x.dtype) if "fused" in runs else None
+        return {"fused": why} if why else {}
+
     return pick(x.device, key, runs, default, FP8_PATH_ENV, FP8_PATHS,
-                f"fp8 linear {m.weight.shape[0]}x{m.weight.shape[1]} at "
-                f"{C.token_bucket(x.numel() // max(1, x.shape[-1]))} tokens", prefer="torch")
+                f"fp8 linear {N}x{m.weight.shape[1]} at {bucket} tokens", prefer="torch", skip=skip)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -214,7 +224,8 @@ def describe(device, prefix: str) -> list[str]:
         return lines
     lines.append(f"calibration: {len(entries)} shape classes measured on this GPU ({C.store_dir()}):")
     for k, v in sorted(entries.items())[:12]:
-        t = ", ".join(f"{n} {ms:.3f} ms" for n, ms in v.get("timings_ms", {}).items())
+        t = ", ".join([f"{n} {ms:.3f} ms" for n, ms in v.get("timings_ms", {}).items()]
+                      + [f"{n} not timed" for n in v.get("not_timed", {})])
         lines.append(f"  {v.get('what') or k} -> {v['choice']} ({t})")
     if len(entries) > 12:
         lines.append(f"  ... {len(entries) - 12} more at GET /tritonkit/calibration")

@@ -106,6 +106,37 @@ def test_failing_candidate_is_not_chosen(store):
     assert "exact" in e["errors"] and "out of resources" in e["errors"]["exact"]
 
 
+def test_a_skipped_candidate_is_neither_compiled_nor_timed(store, monkeypatch):
+    """``skip()`` is asked only when a class is about to be timed; what it names is not run (not
+    even prepared), the default never drops out, and the stored entry says why."""
+    t = FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0})
+    C.set_timer(t)
+    C.set_deferral(True)
+    ran = []
+    cands = {n: (lambda n=n: ran.append(n)) for n in CANDS}
+    monkeypatch.setattr(P.Prepared, "done", lambda self: True)
+    asked = []
+
+    def skip():
+        asked.append(1)
+        return {"exact": "cannot win here", "int8": "nor this", "nope": "not a candidate"}
+
+    assert C.choose(CPU, "ks", cands, "int8", prefer="comfy", skip=skip) == "int8"  # prepared: default runs
+    assert sorted(ran) == ["int8"] and len(asked) == 1                                # exact: not compiled
+    assert C.choose(CPU, "ks", cands, "int8", prefer="comfy", skip=skip) == "int8"
+    assert sorted(t.asked) == ["comfy", "int8"] and len(asked) == 2
+    e = json.loads(store_file(store).read_text())["entries"]["ks"]
+    assert e["not_timed"] == {"exact": "cannot win here"} and set(e["timings_ms"]) == {"comfy", "int8"}
+    assert C.choose(CPU, "ks", cands, "int8", prefer="comfy", skip=skip) == "int8"  # stored: skip not asked
+    assert len(asked) == 2 and len(t.asked) == 2
+    # the default alone left: stored without timing anything
+    C.set_deferral(False)
+    assert C.choose(CPU, "k1", cands, "exact", skip=lambda: {"comfy": "x", "int8": "y"}) == "exact"
+    e = json.loads(store_file(store).read_text())["entries"]["k1"]
+    assert e["choice"] == "exact" and e["timings_ms"] == {} and set(e["not_timed"]) == {"comfy", "int8"}
+    assert len(t.asked) == 2
+
+
 needs_async = pytest.mark.skipif(not P.available(), reason="this Triton has no asynchronous compile mode (3.4+)")
 
 
@@ -472,6 +503,43 @@ def test_fp8_linear_uses_the_measured_path(store, forced_cpu, comfy):
         assert F.STATS.layers["lin"] == "decode"
     finally:
         del os.environ[NC.FP8_PATH_ENV]
+
+
+def test_fp8_linear_times_the_fused_path_only_where_the_roofline_lets_it_win(store, forced_cpu, comfy, monkeypatch):
+    from tritonkit.kernels import roofline as R
+    from tritonkit.nodes import fp8_fallback as F
+    g = torch.Generator().manual_seed(1)
+    lin = comfy.ops.manual_cast.Linear(64, 48, dtype=torch.float8_e4m3fn)
+    lin.weight = torch.nn.Parameter((torch.randn(48, 64, generator=g) * 0.2).to(torch.float8_e4m3fn),
+                                    requires_grad=False)
+    lin.bias = None
+    # fused=False: the default is the decode (on the CPU a fused default would be kept: never skipped)
+    cfg = F.LayerConfig(name="lin", kind="linear", fused=False, allow_cpu=True, calibrate=True)
+    fwd = F.make_forward(lin, cfg, None)
+    # rates scaled to this tiny layer: one FLOP per byte moved, so one token streams the weight (the
+    # fused linear can gain 60 %) and 33 tokens are compute-bound (4 %)
+    bounds = []
+
+    def rates(device, dtype):
+        bounds.append(dtype)
+        return {"matmul_tflops": 1e-3, "copy_gbps": 1.0}
+    monkeypatch.setattr(R, "rates", rates)
+    t = FakeTimer({"torch": 3.0, "decode": 2.0, "fused": 1.0})
+    C.set_timer(t)
+    ref = lambda x: torch.nn.functional.linear(x.double(), lin.weight.double())  # noqa: E731
+    x1, x64 = torch.randn(1, 64, generator=g), torch.randn(64, 64, generator=g)
+    torch.testing.assert_close(fwd(x1).double(), ref(x1), rtol=1e-4, atol=1e-4)
+    assert sorted(t.asked) == ["decode", "fused", "torch"] and F.STATS.layers["lin"] == "fused-linear"
+    torch.testing.assert_close(fwd(x64).double(), ref(x64), rtol=1e-4, atol=1e-4)
+    assert sorted(t.asked[3:]) == ["decode", "torch"] and F.STATS.layers["lin"] == "decode"
+    [e] = [v for k, v in C.stored_choices(CPU).items() if "|M64|" in k]
+    assert "fused" in e["not_timed"] and "from 33 tokens" in e["not_timed"]["fused"]
+    assert bounds == [torch.float32, torch.float32]
+    # the key still names the fused path (a traced graph asks the same key), and forcing it still works
+    assert all("decode,fused,torch" in k for k in C.stored_choices(CPU) if k.startswith("fp8_linear|"))
+    monkeypatch.setenv(NC.FP8_PATH_ENV, "fused")
+    torch.testing.assert_close(fwd(x64).double(), ref(x64), rtol=1e-4, atol=1e-4)
+    assert F.STATS.layers["lin"] == "fused-linear" and len(t.asked) == 5
 
 
 def test_route_lists_the_stored_choices(store, monkeypatch):

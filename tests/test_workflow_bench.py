@@ -381,7 +381,10 @@ def test_first_steps_lines():
     import first_steps
     doc = {"runs": [
         {"run": "flux:both@86", "s_per_step": 0.2, "first_step_s": 12.5,
-         "calibration": {"calibrations": 20, "calibration_s": 9.0, "autotunes": 30, "autotune_s": 7.5},
+         "calibration": {"calibrations": 20, "calibration_s": 9.0, "autotunes": 30, "autotune_s": 7.5,
+                         "new_choices": {"a": {"choice": "decode", "not_timed": {"fused": "x"}},
+                                         "b": {"choice": "torch"}},
+                         "rates": {"rates|bfloat16": {"matmul_tflops": 700.5, "copy_gbps": 3001.0}}},
          "triton_compiles": {"misses": 40, "miss_s": 41.0, "miss_busy_s": 8.2, "hits": 3, "hit_s": 0.1,
                              "misses_by_name": {"attn_fwd_kernel": [6, 9.1]}}},
         {"run": "flux:both:compiled#r2", "s_per_step": 0.17, "first_step_s": 5.0, "compile_s": 4.8,
@@ -390,6 +393,7 @@ def test_first_steps_lines():
     out = first_steps.lines(doc)
     assert out[0].startswith("flux:both@86: 0.2000 s/step, first 12.50 s; calibrated 20 (9.0 s), tuned 30 (7.5 s)")
     assert "triton misses 40 (41.0 s, busy 8.2 s; hits 3 0.1 s) [attn_fwd_kernel 6x 9.1s]" in out[0]
+    assert "1 classes with a candidate not timed (roofline), rates bfloat16 700.5 TFLOPS, 3001.0 GB/s" in out[0]
     assert out[1] == "flux:both:compiled#r2: 0.1700 s/step, first 5.00 s; compile 4.8 s (warm cache)"
     assert out[2] == "flux:fp8: RuntimeError: boom"
 
