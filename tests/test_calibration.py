@@ -729,7 +729,8 @@ def test_a_timed_call_held_up_on_the_host_is_timed_again(monkeypatch, fake_cuda)
     # the GPU spin ahead of a call lasts twice its host time; a call whose host side took longer (a
     # background compile held the GIL) let the GPU wait inside the timing: it is timed again
     import time as _time
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    spins = []
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles), raising=False)
     monkeypatch.setattr(C, "_sleep_cycles_per_ms", lambda dev: 1000.0)
     calls = []
 
@@ -741,3 +742,6 @@ def test_a_timed_call_held_up_on_the_host_is_timed_again(monkeypatch, fake_cuda)
     res = C.cuda_timer_interleaved({"f": fn}, warmup=1, reps=3)
     assert C.COUNTERS["stalled_timings"] - s0 == 2 and len(calls) == 1 + 3 + 2
     assert res["f"] < 40  # the stalled timings are not in the median
+    # a stalled call is timed again behind a spin that covers twice its held-up issue (capped); the
+    # next round starts from the short spin
+    assert spins[0] == spins[1] == spins[4] < 1000 and spins[2] == spins[3] == int(C.LEAD_MAX_MS * 1000)
