@@ -2,22 +2,25 @@
 fp8-weight linear (kernels/fp8_linear.py) before it is compiled and timed.
 
 The calibration of an fp8 layer (nodes/fp8_fallback.py) times three paths: ComfyUI's cast + matmul,
-our decode + cuBLAS's matmul, and the fused linear. The fused linear differs from decode + matmul
-in one thing only: it reads the fp8 weight inside its matmul instead of decoding it to a 16-bit copy
-first. Its matmul is Triton's, which at compute-bound sizes is no faster than cuBLAS's (it never
-won in 184 calibrations from 4096 tokens up on the H100 and H200: fused ÷ decode 1.03-2.37,
+our decode + cuBLAS's matmul, and the fused linear. The fused linear differs from decode + matmul in
+one thing only: it reads the fp8 weight inside its matmul instead of decoding it to a 16-bit copy
+first. Its matmul is Triton's, which at compute-bound sizes is no faster than cuBLAS's (it never won
+in 184 calibrations from 4096 tokens up on the H100 and H200: fused ÷ decode 1.03-2.37,
 BENCHMARKS.md). So it can gain at most what the decode and the matmul's wider weight read cost, and
-by a roofline of this GPU's own rates that bound is small where the matmul is long: about 2 % at
-HunyuanVideo's 18,616 tokens on a 3072×3072 layer of an H100. Timing it there costs a tuning of its block configs
-(seven compiles, each candidate milliseconds a call) for a path that cannot win by more than the
-calibration's own noise.
+by a roofline of this GPU's own rates that bound is small where the matmul is long: 2.4 % at
+HunyuanVideo's 18,616 tokens on a 3072×3072 layer of an H100. Timing it there costs a tuning of its
+block configs (seven compiles, each candidate milliseconds a call) for a path that cannot win by
+more than the calibration's own noise.
 
 The rates are those of this GPU, never a table: a large bf16/fp16 matmul (cuBLAS) and a
 device-to-device copy, timed once with the calibration's timer and stored with the calibration
 (keyed by GPU, driver, torch, Triton and pack version). The decode runs at 96-99 % of that copy
-(BENCHMARKS.md), so the copy's bytes per second stand for it. Both rates are the most this GPU
-sustains, which makes the bound generous to the fused linear: the candidate is dropped only where
-even that says it can't gain FUSED_MIN_GAIN.
+(BENCHMARKS.md), so the copy's bytes per second stand for it. The copy is as fast as anything
+streams on the GPU, which makes the decode's share, and so the bound, generous to the fused linear.
+The 4096³ matmul is not quite the fastest matmul: on an H100 and an H200 it ran at 758-764 TFLOPS
+where HunyuanVideo's 18,616 × 3072 × 3072 matmuls reached about 840, so the bound there is about a
+tenth lower than at that rate (2.4 % against 2.6 %): far from FUSED_MIN_GAIN. A larger probe would
+close that gap but take memory beside a loaded model.
 
 ``TRITONKIT_FUSED_BOUND=0`` times the fused linear at every size, as before.
 """
