@@ -36,7 +36,8 @@ def lines(doc: dict) -> list[str]:
         if skipped or cal.get("rates"):
             rates = "; ".join(f"{k.split('|', 1)[1]} {v.get('matmul_tflops')} TFLOPS, {v.get('copy_gbps')} GB/s"
                               for k, v in (cal.get("rates") or {}).items())
-            parts.append(f"{skipped} classes with a candidate not timed (roofline)" + (f", rates {rates}" if rates else ""))
+            parts.append(f"{skipped} classes with a candidate not timed (roofline)"
+                         + (f", rates {rates}" if rates else ""))
         if cal.get("deferred_calls") or r.get("calibrating_steps"):
             parts.append(f"{cal.get('prepared', 0)} prepared, {cal.get('deferred_calls', 0)} calls deferred, "
                          f"calibrating steps {r.get('calibrating_steps')}, timed from step {r.get('timed_from_step')}, "

@@ -15,11 +15,11 @@ more than the calibration's own noise.
 The rates are those of this GPU, never a table: a large bf16/fp16 matmul (cuBLAS) and a
 device-to-device copy, timed once with the calibration's timer and stored with the calibration
 (keyed by GPU, driver, torch, Triton and pack version). The decode runs at 96-99 % of that copy
-(BENCHMARKS.md), so the copy's bytes per second stand for it (the decode's share is then at most
-4 % larger than the bound puts it). The 4096³ matmul is not quite the fastest matmul: on an H100 and an H200 it ran at 758-764 TFLOPS
-where HunyuanVideo's 18,616 × 3072 × 3072 matmuls reached about 840, so the bound there is about a
-tenth lower than at that rate (2.4 % against 2.6 %): far from FUSED_MIN_GAIN. A larger probe would
-close that gap but take memory beside a loaded model.
+(BENCHMARKS.md), so the copy's bytes per second stand for it (the decode's share is then at most 4 %
+larger than the bound puts it). The 4096³ matmul is not quite the fastest matmul: on an H100 and an
+H200 it ran at 758-764 TFLOPS where HunyuanVideo's 18,616 × 3072 × 3072 matmuls reached about 840,
+so the bound there is about a tenth lower than at that rate (2.4 % against 2.6 %): far from
+FUSED_MIN_GAIN. A larger probe would close that gap but take memory beside a loaded model.
 
 ``TRITONKIT_FUSED_BOUND=0`` times the fused linear at every size, as before.
 """
