@@ -50,6 +50,13 @@ def lines(doc: dict) -> list[str]:
         if kt:
             parts.append(f"last call {kt.get('wall_ms')} ms wall, {kt.get('kernels')} kernels {kt.get('kernel_ms')} ms, "
                          f"GPU idle {kt.get('gpu_idle_in_span_ms')} ms" + (f" ({kt['error']})" if kt.get("error") else ""))
+            g = kt.get("gaps")
+            if g:
+                longest = " | ".join(f"{r['ms']} ms before {r['before'][:30]}: "
+                                     + ", ".join(f"{n[:40]} {ms}" for n, ms in r["host"][:3])
+                                     for r in g["longest"][:3])
+                parts.append(f"{g['count']} gaps {g['sum_ms']} ms (waiting on the GPU {g['waiting_on_gpu_ms']} ms); "
+                             f"longest: {longest}")
         out.append("; ".join(parts))
     return out
 

@@ -793,9 +793,57 @@ class StepTimer:
 # TK_BENCH_KERNEL_TIME=1: the last diffusion-model call of every run under torch.profiler, in the JSON
 # as ``kernel_time``: the call's wall time, its GPU kernels' summed time, the span from the first
 # kernel's start to the last one's end and the GPU's idle time inside it (where the GPU waited for
-# the host), and the kernels that took longest. Two runs whose kernels sum alike but whose calls
-# differ in wall time differ on the host.
+# the host), the kernels that took longest, and the idle gaps with the host work that ran in them
+# (idle_gaps). Two runs whose kernels sum alike but whose calls differ in wall time differ on the host.
 KERNEL_TIME_ENV = "TK_BENCH_KERNEL_TIME"
+
+
+GAP_MIN_US = 20.0  # an idle stretch shorter than this between two kernels is the launch itself
+
+
+def idle_gaps(kernels: list, host: list, top: int = 10) -> dict:
+    """Where the GPU waited for the host in one profiled call. ``kernels``: (start_us, end_us, name)
+    of the GPU kernels; ``host``: (start_us, end_us, name) of the host's events (torch ops, runtime
+    calls, compiled regions). Every idle stretch of GAP_MIN_US or more between one kernel's end and
+    the next one's start is a gap; per gap the host events that ran in it (the longest first: the
+    work the GPU waited for). Returns the gaps' count and sum, their sum by the kernel that ended
+    them, the sum of the gaps during which the host waited on the GPU itself (a synchronising call:
+    nothing to win there by issuing faster), and the ``top`` longest gaps."""
+    ks = sorted(kernels)
+    gaps = []
+    end, prev = (ks[0][1], ks[0][2]) if ks else (0.0, "")
+    for s, e, n in ks[1:]:
+        if s - end >= GAP_MIN_US:
+            gaps.append((s - end, end, s, prev, n))
+        if e > end:
+            end, prev = e, n
+    sync_words = ("Synchronize", "cudaMemcpy ", "cudaMemcpy", "_local_scalar_dense", "aten::item")
+
+    def during(a, b):
+        out = {}
+        for hs, he, hn in host:
+            ov = min(he, b) - max(hs, a)
+            if ov > 0:
+                out[hn] = out.get(hn, 0.0) + ov
+        return out
+
+    by_next: dict = {}
+    sync_us = 0.0
+    rows = []
+    for g, a, b, pn, nn in gaps:
+        by_next[nn[:60]] = by_next.get(nn[:60], 0.0) + g
+        d = during(a, b)
+        if any(any(w in hn for w in sync_words) for hn in d):
+            sync_us += g
+        rows.append((g, pn, nn, d))
+    rows.sort(key=lambda r: -r[0])
+    return {"count": len(gaps), "sum_ms": round(sum(g[0] for g in gaps) / 1e3, 3),
+            "waiting_on_gpu_ms": round(sync_us / 1e3, 3),
+            "by_next_kernel_ms": [[n, round(us / 1e3, 3)] for n, us in
+                                  sorted(by_next.items(), key=lambda kv: -kv[1])[:top]],
+            "longest": [{"ms": round(g / 1e3, 3), "after": pn[:60], "before": nn[:60],
+                         "host": [[hn[:70], round(us / 1e3, 3)] for hn, us in
+                                  sorted(d.items(), key=lambda kv: -kv[1])[:6]]} for g, pn, nn, d in rows[:top]]}
 
 
 def _kernel_time(call, top: int = 8):
@@ -820,6 +868,9 @@ def _kernel_time(call, top: int = 8):
         rec = {"wall_ms": round(wall_ms, 2), "kernels": len(kernels), "kernel_ms": round(busy, 2),
                "span_ms": round(span, 2), "gpu_idle_in_span_ms": round(span - busy, 2),
                "top": [[n, round(ms, 2)] for n, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]]}
+        host = [(e.time_range.start, e.time_range.end, e.name) for e in p.events()
+                if e.device_type == torch.autograd.DeviceType.CPU]
+        rec["gaps"] = idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in kernels], host)
     except Exception as e:  # noqa: BLE001
         rec = {"wall_ms": round(wall_ms, 2), "error": f"{type(e).__name__}: {e}"[:300]}
     return out, rec

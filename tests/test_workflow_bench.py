@@ -389,13 +389,20 @@ def test_first_steps_lines():
                              "misses_by_name": {"attn_fwd_kernel": [6, 9.1]}}},
         {"run": "flux:both:compiled#r2", "s_per_step": 0.17, "first_step_s": 5.0, "compile_s": 4.8,
          "inductor_cache": "warm"},
-        {"run": "flux:fp8", "error": "RuntimeError: boom"}]}
+        {"run": "flux:fp8", "error": "RuntimeError: boom"},
+        {"run": "flux:both:regional", "s_per_step": 0.18, "first_step_s": 0.2,
+         "kernel_time": {"wall_ms": 190.0, "kernels": 1800, "kernel_ms": 140.0, "gpu_idle_in_span_ms": 40.0,
+                         "gaps": {"count": 57, "sum_ms": 38.5, "waiting_on_gpu_ms": 0.0,
+                                  "longest": [{"ms": 2.5, "after": "mm", "before": "rope_kernel",
+                                               "host": [["aten::cat", 1.9], ["aten::mul", 0.3]]}]}}}]}
     out = first_steps.lines(doc)
     assert out[0].startswith("flux:both@86: 0.2000 s/step, first 12.50 s; calibrated 20 (9.0 s), tuned 30 (7.5 s)")
     assert "triton misses 40 (41.0 s, busy 8.2 s; hits 3 0.1 s) [attn_fwd_kernel 6x 9.1s]" in out[0]
     assert "1 classes with a candidate not timed (roofline), rates bfloat16 700.5 TFLOPS, 3001.0 GB/s" in out[0]
     assert out[1] == "flux:both:compiled#r2: 0.1700 s/step, first 5.00 s; compile 4.8 s (warm cache)"
     assert out[2] == "flux:fp8: RuntimeError: boom"
+    assert out[3].endswith("57 gaps 38.5 ms (waiting on the GPU 0.0 ms); longest: 2.5 ms before rope_kernel: "
+                           "aten::cat 1.9, aten::mul 0.3")
 
 
 def test_kernel_time_records_a_call(monkeypatch):
@@ -414,6 +421,39 @@ def test_kernel_time_records_a_call(monkeypatch):
     monkeypatch.setattr(torch.profiler, "profile", Broken)
     out, rec = wf._kernel_time(lambda: x + 1)
     assert torch.equal(out, x + 1) and "no profiler here" in rec["error"]
+
+
+def test_idle_gaps_name_the_host_work_the_gpu_waited_for():
+    import random
+
+    import workflow as wf
+    rng = random.Random(7)
+    # kernels back to back (gaps under GAP_MIN_US), then two real gaps: one while the host ran an
+    # eager op, one while it waited on the GPU (a synchronising copy); overlapping kernels on two
+    # streams leave no gap
+    t, kernels = 0.0, []
+    for i in range(20):
+        d = rng.uniform(5, 50)
+        kernels.append((t, t + d, f"k{i}"))
+        t += d + rng.uniform(0, wf.GAP_MIN_US * 0.9)
+    kernels.append((t + 300.0, t + 400.0, "after_eager"))
+    kernels.append((t + 350.0, t + 380.0, "overlapping"))
+    kernels.append((t + 1400.0, t + 1500.0, "after_sync"))
+    host = [(t + 10.0, t + 290.0, "aten::cat"), (t + 20.0, t + 200.0, "aten::copy_"),
+            (t + 500.0, t + 1390.0, "cudaStreamSynchronize"), (t - 5000.0, t + 5000.0, "the call")]
+    rng.shuffle(kernels)
+    g = wf.idle_gaps(kernels, host, top=5)
+    assert g["count"] == 2
+    end0 = max(e for s, e, n in kernels if n.startswith("k"))
+    assert g["sum_ms"] == pytest.approx((t + 300.0 - end0 + 1000.0) / 1e3, abs=1e-3)
+    assert g["waiting_on_gpu_ms"] == pytest.approx(1.0, abs=1e-3)
+    assert [r["before"] for r in g["longest"]] == ["after_sync", "after_eager"]
+    assert g["longest"][1]["after"] == max(kernels, key=lambda k: k[1] if k[2].startswith("k") else -1)[2]
+    eager = dict((n, ms) for n, ms in g["longest"][1]["host"])
+    assert eager["aten::cat"] == pytest.approx(0.28, abs=1e-3) and eager["aten::copy_"] == pytest.approx(0.18)
+    assert dict(g["by_next_kernel_ms"])["after_sync"] == pytest.approx(1.0, abs=1e-3)
+    assert wf.idle_gaps([], host) == {"count": 0, "sum_ms": 0.0, "waiting_on_gpu_ms": 0.0,
+                                       "by_next_kernel_ms": [], "longest": []}
 
 
 def test_timed_steps_skip_the_steps_that_compiled_or_calibrated():
