@@ -49,6 +49,7 @@ import collections
 import dataclasses
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -141,6 +142,7 @@ class LayerConfig:
     # ComfyUI's own dequantize on this device (round_scale None: no rounding of ours matches)
     quant: Optional[tuple] = None
     calibrate: bool = False     # auto: torch / decode / fused measured per shape (nodes/calibration.py)
+    traced_dequant: bool = False  # compile_native QuantizedTensor linear: see _traced_dequant_linear
 
 
 def _eligible(m, x, cfg: LayerConfig) -> Optional[str]:
@@ -255,11 +257,34 @@ def _calibrated_path(m, orig, cfg: LayerConfig, x, args, kwargs) -> str:
     return calib.fp8_linear_path(m, x, default, runs, cfg.arch)
 
 
+def _traced_dequant_linear(m, x, cfg: LayerConfig):
+    """A QuantizedTensor layer's linear under torch.compile on sm89+ (``compile_native``): ComfyUI's
+    ``weight.dequantize()`` written as torch operations, rounded as ComfyUI's rounds on this device
+    (``cfg.quant``), which Inductor fuses into one kernel of its own. ComfyUI's own path calls
+    comfy-kitchen's ``dequantize_fp8`` custom op from the compiled graph, and each such call picks
+    its backend in Python: 0.14-0.34 ms of host time per layer (an H100's profile, Flux-dev, ComfyUI
+    0.8.0), where the GPU runs the decode in 0.05."""
+    from ..kernels.fp8 import decode_reference
+    dtype = x.dtype
+    w = decode_reference(m.weight._qdata, dtype, m.weight._params.scale, dict(cfg.quant)[dtype])
+    return torch.nn.functional.linear(x, w, _cast_bias(m, dtype, x.device))
+
+
+TRACED_DEQUANT_ENV = "TRITONKIT_TRACED_DEQUANT"  # 0: compiled graphs call ComfyUI's dequantize (as before)
+
+
+def _traced_dequant_on() -> bool:
+    return os.environ.get(TRACED_DEQUANT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def _forward(m, orig, cfg: LayerConfig, rms_norm, x, *args, **kwargs):
     if cfg.compile_native and torch.compiler.is_compiling():
         # auto on sm89+: Inductor compiles ComfyUI's own fp8 cast there (fp8e4nv is native) and
         # that measured faster than calling our decode op from the compiled graph (Flux-dev on an
         # H200: 0.137 vs 0.144 s/step); eager calls keep our decode, which beats torch's cast
+        if (cfg.traced_dequant and len(m.weight_function) == 0 and len(m.bias_function) == 0
+                and _eligible(m, x, cfg) is None):
+            return _traced_dequant_linear(m, x, cfg)
         return orig(m, x, *args, **kwargs)
     why = _eligible(m, x, cfg)
     if why is not None:
@@ -531,7 +556,9 @@ def plan_model(model, mode: str = "auto") -> Plan:
             limit = FUSED_MAX_TOKENS
         plan.layers[name] = LayerConfig(name=name, kind=kind, fused=fused, fused_max_tokens=limit, arch=arch,
                                         allow_cpu=allow_cpu, compile_native=compile_native, quant=quant,
-                                        calibrate=kind == "linear" and mode == "auto")
+                                        calibrate=kind == "linear" and mode == "auto",
+                                        traced_dequant=compile_native and quant is not None and kind == "linear"
+                                        and _traced_dequant_on())
 
     dtype = plan.compute_dtype or torch.float32
     for name in plan.layers:

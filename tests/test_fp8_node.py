@@ -505,6 +505,47 @@ def test_quantized_model_compiles_without_graph_breaks(comfy, node, kitchen):
         torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("traced", [True, False])
+def test_compiled_quantized_layers_dequantize_in_torch_ops_on_native_fp8(comfy, node, kitchen, monkeypatch, traced):
+    """auto on sm89+ under torch.compile (compile_native): a QuantizedTensor layer's graph holds its
+    dequantize as torch operations, rounded as ComfyUI rounds (Inductor fuses them into one kernel),
+    not comfy-kitchen's ``dequantize_fp8`` custom op, whose every call picks a backend in Python on
+    the host; the values are ComfyUI's. TRITONKIT_TRACED_DEQUANT=0 keeps ComfyUI's path there."""
+    import dataclasses
+    monkeypatch.setenv(node.TRACED_DEQUANT_ENV, "1" if traced else "0")
+    base, mp = build_quantized(comfy, seed=3)
+    dm = base.diffusion_model
+    plan = node.plan_model(mp, "auto")  # on the CPU: the QuantizedTensor layers, their rounding probed
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(11))
+    for name, inp in (("img_in", x), ("mid", torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(12)))):
+        m = getattr(dm, name)
+        cfg = dataclasses.replace(plan.layers[name], compile_native=True,
+                                  traced_dequant=plan.layers[name].quant is not None and node._traced_dequant_on())
+        assert cfg.traced_dequant == traced
+        orig = type(m).forward_comfy_cast_weights
+        with torch.no_grad():
+            ref = orig(m, inp)
+            torch._dynamo.reset()
+            graphs.clear()
+            out = torch.compile(lambda t: node._forward(m, orig, cfg, None, t), backend=capture, fullgraph=True)(inp)
+        assert len(graphs) == 1
+        assert ("comfy_kitchen" in graphs[0]) == (not traced), graphs[0]
+        # ComfyUI's linear multiplies by a transposed copy of the weight (see the test above): ~1 ulp
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        if traced:  # the weight decoded in the graph is ComfyUI's dequantize, bit for bit
+            want = m.weight.dequantize().to(inp.dtype)
+            got = node._traced_dequant_linear(m, torch.eye(want.shape[1], dtype=inp.dtype), cfg) - \
+                (m.bias.to(inp.dtype) if m.bias is not None else 0)
+            torch.testing.assert_close(got.t(), want, rtol=1e-6, atol=1e-7)
+    torch._dynamo.reset()
+
+
 def test_arch_override_and_fast_fp8(comfy, node, monkeypatch):
     assert node.parse_arch("86") == 86 and node.parse_arch("sm_75") == 75 and node.parse_arch("8.9") == 89
     monkeypatch.setenv("TRITONKIT_FORCE_ARCH", "86")
@@ -911,6 +952,45 @@ def test_gpu_quantized_layers_bit_exact_and_compiled_without_fp8e4nv(comfy, node
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
     assert "fp8e4nv" not in code and "tritonkit.fp8_decode" in code
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.gpu
+def test_gpu_native_quantized_layers_compile_their_dequantize(comfy, node, kitchen, monkeypatch, tmp_path):
+    """auto on a real sm89+ GPU, ComfyUI 0.8's QuantizedTensor layers on the full-precision path:
+    Inductor's code decodes the weights itself (fp8e4nv loads) and calls neither comfy-kitchen's
+    dequantize op nor ours; the output is the eager model's. TRITONKIT_TRACED_DEQUANT=0: ComfyUI's
+    op stays in the graph."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs a GPU with native fp8 (sm89+)")
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+    monkeypatch.delenv("TRITONKIT_FORCE_TRITON_ON_CPU")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    import torch._inductor.config as icfg
+    monkeypatch.setattr(icfg, "fx_graph_cache", False)
+    dev = torch.device("cuda")
+    codes = {}
+    for traced in ("1", "0"):
+        monkeypatch.setenv(node.TRACED_DEQUANT_ENV, traced)
+        base, mp = build_quantized(comfy, compute_dtype=torch.bfloat16, device="cuda", seed=4)
+        x = X.to(dev, torch.bfloat16)
+        with torch.no_grad():
+            ref = run(base, x)
+            clone, text = node.patch_model(mp, "auto")
+            assert "3 of them ComfyUI QuantizedTensor layers" in text, text
+            clone.patch_model(device_to=dev)
+            try:
+                torch._dynamo.reset()
+                counters.clear()
+                out, code = run_and_get_code(torch.compile(base.diffusion_model), x)
+                codes[traced] = "\n".join(code)
+            finally:
+                clone.unpatch_model()
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+        assert not counters["graph_break"], dict(counters["graph_break"])
+    assert "comfy_kitchen.dequantize_fp8" not in codes["1"] and "tritonkit.fp8_decode" not in codes["1"]
+    assert "fp8e4nv" in codes["1"]
+    assert "comfy_kitchen.dequantize_fp8" in codes["0"]
 
 
 def _inductor_kernels(code: str) -> dict:
