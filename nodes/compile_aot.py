@@ -257,6 +257,40 @@ def block_key(block: torch.nn.Module) -> str:
     return hashlib.sha256(repr((module_fingerprint(block), code_key(block))).encode()).hexdigest()[:24]
 
 
+# The fingerprints of the dicts a block call gets (``transformer_options``) within one model call:
+# ComfyUI hands every block the same dict, changing only its per-block entries (VOLATILE_OPTIONS,
+# left out of the key), and walking it took 25-35 us a block call on the host (Flux: 57 a step).
+# Keyed by the dict's own entries, (name, id of the value), holding the values so no id is reused
+# while the memo lives; the regional compile's APPLY_MODEL wrapper empties it at every model call
+# (new_call), so what a later call changes in place is seen.
+_DICT_MEMO: dict = {}
+_DICT_MEMO_MAX = 64
+
+
+def new_call() -> None:
+    """Forgets the per-call fingerprints (see _DICT_MEMO): at the start of every model call."""
+    _DICT_MEMO.clear()
+
+
+def _dict_fingerprint(d: dict, skip: tuple, tokens: str):
+    """``fingerprint(d, skip, 1, tokens)``, once per model call for the same entries."""
+    items = [(k, v) for k, v in d.items() if k not in skip]
+    snap = (tokens, skip, tuple((k, id(v)) for k, v in items))
+    hit = _DICT_MEMO.get(snap)
+    if hit is None:
+        if len(_DICT_MEMO) >= _DICT_MEMO_MAX:
+            _DICT_MEMO.clear()
+        hit = _DICT_MEMO[snap] = ([v for _, v in items], fingerprint(d, skip, 1, tokens))
+    return hit[1]
+
+
+def call_fingerprint(kwargs: dict, skip: tuple, tokens: str):
+    """``fingerprint(kwargs, skip, tokens=tokens)`` with the dict arguments through the per-call memo."""
+    return ("dict",) + tuple(sorted(((str(k), _dict_fingerprint(x, skip, tokens) if type(x) is dict
+                                      else fingerprint(x, skip, 1, tokens))
+                                     for k, x in kwargs.items() if k not in skip), key=lambda kv: kv[0]))
+
+
 # ----------------------------------------------------------------------------- entries
 class Entries:
     """One block class's AOT-compiled functions (for one set of options): in memory, on disk."""
@@ -295,7 +329,7 @@ class Entries:
         a block keeps the paths of the size it was traced at."""
         sizes = {None: "token", False: "exact", True: "any"}[self.dynamic]
         desc = (self.region, self.opts_key, block, fingerprint(args, skip, tokens=sizes),
-                fingerprint(kwargs, skip, tokens=sizes),
+                call_fingerprint(kwargs, skip, sizes),
                 torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         return hashlib.sha256(repr(desc).encode()).hexdigest()[:24]
 

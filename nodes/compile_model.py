@@ -597,6 +597,7 @@ def make_wrappers(regions: list[Region], opts: Options):
         if plan["key"] != (id(base), device):
             make_plan(base, device)
         STATS.eager.update(plan["eager"])
+        compile_aot.new_call()
         installed = []
         try:
             for block, forward in plan["compiled"]:

@@ -45,6 +45,41 @@ def test_token_dim_is_a_wildcard_and_volatile_entries_are_left_out(aot):
     assert aot.token_dim(torch.zeros(1, 24, 4096, 128)) == 2
 
 
+def test_call_fingerprint_is_the_plain_one_walked_once_per_model_call(aot, monkeypatch):
+    skip = ("block_index",)
+    override = lambda *a: None  # noqa: E731
+    topts = {"block_index": 0, "patches": {"p": [1, 2]}, "optimized_attention_override": override,
+             "wrappers": {"apply_model": {"k": [override]}}}
+    kwargs = {"img": torch.zeros(1, 4096, 64), "vec": torch.zeros(1, 64), "transformer_options": topts,
+              "attn_mask": None}
+    aot.new_call()
+    walks = []
+    real = aot.fingerprint
+    monkeypatch.setattr(aot, "fingerprint", lambda v, *a, **k: (walks.append(v is topts), real(v, *a, **k))[1])
+    got = {}
+    for i in range(5):  # the blocks of one call: only the per-block entry changes
+        topts["block_index"] = i
+        kwargs["img"] = torch.zeros(1, 1024 * (i + 1), 64)
+        for tokens in ("token", "exact", "any"):
+            got[i, tokens] = aot.call_fingerprint(kwargs, skip, tokens)
+    assert sum(walks) == 3  # the options walked once per token setting, not once per block
+    for (i, tokens), fp in got.items():
+        kwargs["img"] = torch.zeros(1, 1024 * (i + 1), 64)
+        assert fp == real(kwargs, skip, tokens=tokens)
+    # an entry replaced within the call is seen; one changed in place is seen from the next call
+    topts["patches"] = {"p": [3]}
+    assert aot.call_fingerprint(kwargs, skip, "token") == real(kwargs, skip, tokens="token")
+    topts["patches"]["p"].append(4)
+    stale = aot.call_fingerprint(kwargs, skip, "token")
+    aot.new_call()
+    fresh = aot.call_fingerprint(kwargs, skip, "token")
+    assert fresh == real(kwargs, skip, tokens="token") and fresh != stale
+    for i in range(aot._DICT_MEMO_MAX + 3):  # bounded
+        aot.call_fingerprint(dict(kwargs, transformer_options=dict(topts, n=i)), skip, "token")
+    assert len(aot._DICT_MEMO) <= aot._DICT_MEMO_MAX
+    aot.new_call()
+
+
 def test_module_key_sees_patches_and_parameters_but_not_layer_names(aot):
     def block(cfg_name, fused=True, dtype=torch.float32, out=8):
         m = torch.nn.Sequential(torch.nn.Linear(8, out), torch.nn.LayerNorm(out))
