@@ -35,7 +35,10 @@ reason and logged once.
 Both ops are opaque custom ops, so under ``torch.compile`` Inductor calls them and never emits
 code that reads an fp8 tensor. On a GPU with native fp8 (sm89+, not forced lower) ``auto`` leaves
 the compiled graph to ComfyUI's own cast, which Inductor compiles natively there and which
-measured as fast or faster; eager calls keep the Triton decode. Patches live on the clone only (ModelPatcher applies object
+measured as fast or faster; eager calls keep the Triton decode. A QuantizedTensor layer's
+dequantize is written there in torch operations with ComfyUI's rounding (``_traced_dequant_linear``),
+since ComfyUI's goes through comfy-kitchen's custom op, whose calls cost the compiled graph 0.14-0.34 ms
+of host time each. Patches live on the clone only (ModelPatcher applies object
 patches when it loads the model and restores the originals when it unloads), so bypassing or
 deleting the node restores ComfyUI's behaviour. Per call, a layer falls back to ComfyUI's own
 forward when its weights are not on the compute device (offloaded/lowvram weights on the CPU),
@@ -586,6 +589,9 @@ def plan_model(model, mode: str = "auto") -> Plan:
     if compile_native and plan.layers:
         plan.notes.append(f"under TorchCompileModel, sm{arch} compiles ComfyUI's own fp8 cast natively, which "
                           "measured faster there: compiled graphs keep it; eager calls use the Triton decode")
+        if any(c.traced_dequant for c in plan.layers.values()):
+            plan.notes.append("compiled graphs dequantize the QuantizedTensor layers in Inductor's own kernel, rounded as "
+                              f"ComfyUI rounds, not through comfy-kitchen's op ({TRACED_DEQUANT_ENV}=0 keeps the op)")
     if arch == 75:
         plan.notes.append("sm75 has no bf16 tensor cores: the fused linear runs for fp16 activations only, "
                           "bf16 layers decode then use torch's matmul")

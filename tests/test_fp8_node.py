@@ -978,6 +978,7 @@ def test_gpu_native_quantized_layers_compile_their_dequantize(comfy, node, kitch
             ref = run(base, x)
             clone, text = node.patch_model(mp, "auto")
             assert "3 of them ComfyUI QuantizedTensor layers" in text, text
+            assert ("dequantize the QuantizedTensor layers in Inductor's own kernel" in text) == (traced == "1"), text
             clone.patch_model(device_to=dev)
             try:
                 torch._dynamo.reset()
