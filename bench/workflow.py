@@ -817,7 +817,8 @@ def idle_gaps(kernels: list, host: list, top: int = 10) -> dict:
             gaps.append((s - end, end, s, prev, n))
         if e > end:
             end, prev = e, n
-    sync_words = ("Synchronize", "cudaMemcpy ", "cudaMemcpy", "_local_scalar_dense", "aten::item")
+    # host calls that wait for the GPU (a copy from pageable memory too: the host waits until it is staged)
+    sync_words = ("Synchronize", "cudaMemcpy", "_local_scalar_dense", "aten::item")
 
     def during(a, b):
         out = {}
