@@ -91,11 +91,25 @@ def busy_s(recs: list[dict]) -> float:
     return total
 
 
-def summary(recs: list[dict], cache_dir: str | None = None, top: int = 12) -> dict:
+def _started_by(miss: list[dict], origin: float, step: float = 1.0) -> list:
+    """[second, misses started by then, finished by then] at every ``step`` seconds from ``origin``
+    until the last miss ends: whether the compiles were all asked for at once or came one by one."""
+    end = max(r["t1"] for r in miss) - origin
+    out, t = [], step
+    while t < end + step:
+        out.append([round(t, 1), sum(1 for r in miss if r["t0"] - origin < t), sum(1 for r in miss if r["t1"] - origin < t)])
+        t += step
+    return out[:40]
+
+
+def summary(recs: list[dict], cache_dir: str | None = None, top: int = 12, origin: float | None = None,
+            marks: tuple = ()) -> dict:
     """Counts, seconds and the slowest misses of ``recs``; with ``cache_dir`` (Triton's), the kernel
     names stored under more than one key. ``miss_busy_s``: wall seconds with a miss compiling (the
     compiles' share of a first step's wall time, however many ran at once); ``misses_by_name``:
-    count and summed seconds per kernel."""
+    count and summed seconds per kernel. With ``origin`` (a ``time.perf_counter()``, the first model
+    call's start), ``timeline``: when the misses compiled, in seconds from it (the first miss's start,
+    the last one's end, how many were running at each of ``marks``: the ends of the first steps)."""
     miss = [r for r in recs if r["hit"] is False]
     by_name: dict = {}
     for r in miss:
@@ -111,6 +125,15 @@ def summary(recs: list[dict], cache_dir: str | None = None, top: int = 12) -> di
            "ptxas": sorted({r["ptxas"] for r in recs}),
            "slowest_misses": [[r["name"][:80], r["s"], r["ptxas"][-40:]]
                               for r in sorted(miss, key=lambda r: -r["s"])[:top]]}
+    if origin is not None and miss:
+        out["timeline"] = {"first_start_s": round(min(r["t0"] for r in miss) - origin, 2),
+                           "last_end_s": round(max(r["t1"] for r in miss) - origin, 2),
+                           "running_at": [[round(m - origin, 2), sum(1 for r in miss if r["t0"] <= m < r["t1"])]
+                                          for m in marks],
+                           "started_by_s": _started_by(miss, origin),
+                           # every miss, by start: [name, start, seconds, thread]
+                           "misses": [[r["name"][:24], round(r["t0"] - origin, 2), round(r["s"], 2),
+                                       r.get("thread", "?")[-12:]] for r in sorted(miss, key=lambda r: r["t0"])][:80]}
     if cache_dir and Path(cache_dir).is_dir():
         keys: dict[str, int] = {}
         for meta in Path(cache_dir).glob("*/*.json"):

@@ -46,6 +46,11 @@ def lines(doc: dict) -> list[str]:
             names = ", ".join(f"{n} {c}x {s}s" for n, (c, s) in list((tc.get("misses_by_name") or {}).items())[:4])
             parts.append(f"triton misses {tc.get('misses')} ({tc.get('miss_s')} s, busy {tc.get('miss_busy_s')} s"
                          f"; hits {tc.get('hits')} {tc.get('hit_s')} s) [{names}]")
+            tl = tc.get("timeline")
+            if tl:
+                parts.append(f"misses compiled from +{tl['first_start_s']} to +{tl['last_end_s']} s of the first call, "
+                             f"running at the first calls' ends {tl['running_at']}, "
+                             f"[s, started, done] {tl['started_by_s'][:12]}")
         kt = r.get("kernel_time")
         if kt:
             parts.append(f"last call {kt.get('wall_ms')} ms wall, {kt.get('kernels')} kernels {kt.get('kernel_ms')} ms, "

@@ -449,6 +449,25 @@ def _calibration_state(attn_mod) -> dict:
                         if "choice" in v or "config" in v}}
 
 
+_PREPARE_CALLS: list = []  # TK_BENCH_TRACE_COMPILES: [perf_counter, compiles started, first candidate] a call
+
+
+def _trace_prepare(attn_mod) -> None:
+    """Records when the pack's kernels/prepare.py started background compiles (once a process)."""
+    C = _calibration_module(attn_mod)
+    mod = sys.modules.get(C.__name__.rsplit(".", 1)[0] + ".prepare") if C is not None else None
+    if mod is None or getattr(mod.prepare, "_traced", False):
+        return
+    orig = mod.prepare
+
+    def prepare(fns):
+        out = orig(fns)
+        _PREPARE_CALLS.append([time.perf_counter(), len(out), str(next(iter(fns), ""))[:40]])
+        return out
+    prepare._traced = True
+    mod.prepare = prepare
+
+
 def _calibration_counter(attn_mod):
     """A function giving the calibration's work so far (see StepTimer), or None without the pack."""
     C = _calibration_module(attn_mod)
@@ -950,6 +969,8 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     arch_env = None if run.arch == "native" else run.arch
     fp8_mod, attn_mod = inproc.node_module(FP8_NODE), inproc.node_module(ATTN_NODE)
     trace_from = len(compile_trace.records())
+    if os.environ.get(TRACE_ENV):
+        _trace_prepare(attn_mod)
     census_from = len(_CENSUS)
     with _env(**{ARCH_ENV: arch_env}), _sdpa_as_on(run.arch, device), _cold_compile(run.compiled, own_cache), \
             _fp8_compute_as_on(run.arch):
@@ -1007,8 +1028,14 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     if timer.kernel_time is not None:
         rec["kernel_time"] = timer.kernel_time
     if os.environ.get(TRACE_ENV):
+        origin = timer.starts[0] if timer.starts else None
+        if origin is not None:
+            rec["prepare_calls"] = [[round(t - origin, 2), n, what] for t, n, what in _PREPARE_CALLS
+                                    if t >= origin - 30][:80]
+            _PREPARE_CALLS.clear()
         rec["triton_compiles"] = compile_trace.summary(compile_trace.records()[trace_from:],
-                                                       os.environ.get("TRITON_CACHE_DIR"))
+                                                       os.environ.get("TRITON_CACHE_DIR"), origin=origin,
+                                                       marks=tuple(timer.ends[:3]))
     # timed steps: from step 2, or for a compiled run from the step after the last one in which
     # dynamo compiled (the pack's calibration runs a compiled model's first call eagerly when a
     # shape class is not measured yet, so Inductor then compiles in step 2)

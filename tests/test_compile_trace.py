@@ -50,3 +50,14 @@ def test_busy_seconds_count_overlaps_once():
     recs = [{"t0": 0.0, "t1": 2.0}, {"t0": 1.0, "t1": 3.0}, {"t0": 5.0, "t1": 6.0}, {"t0": 5.5, "t1": 5.8}]
     assert compile_trace.busy_s(recs) == pytest.approx(4.0)
     assert compile_trace.busy_s([]) == 0.0
+
+
+def test_timeline_counts_misses_from_the_first_call():
+    import compile_trace
+    miss = lambda n, t0, t1: {"name": n, "hit": False, "s": t1 - t0, "t0": t0, "t1": t1, "ptxas": "bundled"}  # noqa: E731
+    recs = [miss("a", 10.5, 11.2), miss("b", 10.6, 12.9), {**miss("c", 11.0, 11.01), "hit": True}, miss("d", 12.1, 13.4)]
+    t = compile_trace.summary(recs, origin=10.0, marks=(11.5, 13.0))["timeline"]
+    assert (t["first_start_s"], t["last_end_s"]) == (0.5, 3.4)
+    assert t["running_at"] == [[1.5, 1], [3.0, 1]]       # b at 1.5 s (a done, d not yet), d at 3.0 s
+    assert t["started_by_s"] == [[1.0, 2, 0], [2.0, 2, 1], [3.0, 3, 2], [4.0, 3, 3]]
+    assert "timeline" not in compile_trace.summary(recs)  # no origin: no timeline

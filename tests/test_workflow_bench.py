@@ -386,7 +386,9 @@ def test_first_steps_lines():
                                          "b": {"choice": "torch"}},
                          "rates": {"rates|bfloat16": {"matmul_tflops": 700.5, "copy_gbps": 3001.0}}},
          "triton_compiles": {"misses": 40, "miss_s": 41.0, "miss_busy_s": 8.2, "hits": 3, "hit_s": 0.1,
-                             "misses_by_name": {"attn_fwd_kernel": [6, 9.1]}}},
+                             "misses_by_name": {"attn_fwd_kernel": [6, 9.1]},
+                             "timeline": {"first_start_s": 0.3, "last_end_s": 7.9, "running_at": [[12.5, 0]],
+                                          "started_by_s": [[1.0, 30, 0], [2.0, 40, 5]]}}},
         {"run": "flux:both:compiled#r2", "s_per_step": 0.17, "first_step_s": 5.0, "compile_s": 4.8,
          "inductor_cache": "warm"},
         {"run": "flux:fp8", "error": "RuntimeError: boom"},
@@ -398,6 +400,8 @@ def test_first_steps_lines():
     out = first_steps.lines(doc)
     assert out[0].startswith("flux:both@86: 0.2000 s/step, first 12.50 s; calibrated 20 (9.0 s), tuned 30 (7.5 s)")
     assert "triton misses 40 (41.0 s, busy 8.2 s; hits 3 0.1 s) [attn_fwd_kernel 6x 9.1s]" in out[0]
+    assert ("misses compiled from +0.3 to +7.9 s of the first call, running at the first calls' ends [[12.5, 0]], "
+            "[s, started, done] [[1.0, 30, 0], [2.0, 40, 5]]") in out[0]
     assert "1 classes with a candidate not timed (roofline), rates bfloat16 700.5 TFLOPS, 3001.0 GB/s" in out[0]
     assert out[1] == "flux:both:compiled#r2: 0.1700 s/step, first 5.00 s; compile 4.8 s (warm cache)"
     assert out[2] == "flux:fp8: RuntimeError: boom"
@@ -502,3 +506,18 @@ def test_first_steps_clock_lines(tmp_path):
     a, b = first_steps.clock_lines(doc, samples)
     assert a.startswith("a: SM 1980 MHz") and "0 with a clock event" in a
     assert b.startswith("b: SM 1755 MHz") and "2 with a clock event" in b
+
+
+def test_trace_prepare_records_the_background_compiles_started(monkeypatch):
+    import types
+    import workflow as wf
+    prep = types.ModuleType("fakepack.kernels.prepare")
+    prep.prepare = lambda fns: [f"future:{k}" for k in fns]
+    monkeypatch.setitem(sys.modules, "fakepack.kernels.prepare", prep)
+    cal = types.ModuleType("fakepack.kernels.calibration")
+    attn_mod = types.SimpleNamespace(calib=types.SimpleNamespace(C=cal))
+    monkeypatch.setattr(wf, "_PREPARE_CALLS", [])
+    wf._trace_prepare(attn_mod)
+    wf._trace_prepare(attn_mod)  # once: not wrapped twice
+    assert prep.prepare({"exact": 1, "int8": 2}) == ["future:exact", "future:int8"]
+    assert [c[1:] for c in wf._PREPARE_CALLS] == [[2, "exact"]] and wf._PREPARE_CALLS[0][0] > 0
