@@ -220,6 +220,30 @@ def test_compiles_once_per_block_class_and_reuses_it(env, flux, tmp_path, monkey
     assert "reused the compiled blocks" in node.STATS.summary()
 
 
+def test_pointwise_kernels_get_one_config_unless_asked(env, monkeypatch):
+    """Inductor's pointwise autotuning is off for the block graphs (fewer kernels to compile, as fast
+    on an H100), on again with TRITONKIT_COMPILE_POINTWISE_TUNE=1; the saved entries are kept apart."""
+    _, node, _ = env
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw["options"]) or fn)
+    monkeypatch.setattr(node, "_COMPILED", {})
+    monkeypatch.setattr(node.compile_aot, "enabled", lambda: True)
+    monkeypatch.delenv(node.POINTWISE_TUNE_ENV, raising=False)
+
+    class Block(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+    off = node.compiled_for(Block, node.Options())
+    assert seen[-1]["triton.autotune_pointwise"] is False
+    assert off.aot.torch_options["triton.autotune_pointwise"] is False
+    assert off.aot.opts_key == "default|auto|triton.autotune_pointwise=False"
+    assert node.compiled_for(Block, node.Options()) is off  # one per class and options
+    monkeypatch.setenv(node.POINTWISE_TUNE_ENV, "1")
+    on = node.compiled_for(Block, node.Options())
+    assert on is not off and "triton.autotune_pointwise" not in seen[-1]
+    assert on.aot.opts_key == "default|auto"  # what entries saved before this setting existed are keyed by
+
+
 def test_static_shapes_and_the_cache_size_limit(env, flux):
     inproc, node, _ = env
     mp, _, _ = flux
