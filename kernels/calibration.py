@@ -16,8 +16,8 @@ runs and restarts read the choice and time nothing.
 * ``TRITONKIT_CALIBRATION=0`` switches timing off: calls use the caller's conservative default.
   A device that can't be timed (CPU, the Triton interpreter) uses the default too.
 * A new shape class does not stall the model while its candidates compile: its first call starts
-  their compiles in the background (kernels/prepare.py) and runs the caller's default path; the
-  first call after they are ready times them. So the compiles of every shape class a first step
+  their compiles in the background (kernels/prepare.py) and runs a path that has nothing left to
+  compile (:func:`choose`'s ``interim``); the first call after they are ready times them. So the compiles of every shape class a first step
   meets overlap each other and the model's own work. :func:`synchronous` (a compiled model's eager
   first call), ``TRITONKIT_CALIBRATION_DEFER=0`` or a Triton without asynchronous compiles time at
   the first call instead (after compiling the candidates all at once).
@@ -90,7 +90,7 @@ _recording: Optional[set] = None
 # (kernels/tuning.py); loads: store files read; calibration_s / autotune_s: seconds they took (the
 # calibrations' include the autotunes run inside them, not the background compiles before them);
 # prepared: shape classes whose candidates were compiled ahead of their timing (kernels/prepare.py);
-# deferred_calls: calls that ran the default path while those compiles ran
+# deferred_calls: calls that ran an interim path while those compiles ran (see choose)
 COUNTERS = {"calibrations": 0, "timed_runs": 0, "autotunes": 0, "loads": 0, "calibration_s": 0.0, "autotune_s": 0.0,
             "prepared": 0, "deferred_calls": 0, "stalled_timings": 0}
 # (str(device), key) -> kernels.prepare.Prepared: shape classes whose candidates compile in the background
@@ -130,7 +130,7 @@ def set_timer(fn: Optional[Callable]) -> None:
 
 
 def set_deferral(flag: Optional[bool]) -> None:
-    """Whether a new shape class keeps its default path while its candidates compile in the
+    """Whether a new shape class runs an interim path while its candidates compile in the
     background, and is timed at a later call (:func:`choose`): True / False, or None for the
     automatic answer (:func:`deferring`). Tests set it with a fake timer."""
     global _defer_override
@@ -521,7 +521,8 @@ def pick_fastest(timings: dict, default: str, prefer: Optional[str] = None,
 
 
 def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
-           prefer: Optional[str] = None, skip: Optional[Callable[[], dict]] = None) -> str:
+           prefer: Optional[str] = None, skip: Optional[Callable[[], dict]] = None,
+           interim: Optional[str] = None) -> str:
     """The path to use for the shape class ``key`` on ``device``.
 
     ``candidates`` maps each allowed path name to a no-argument callable running the call that
@@ -532,7 +533,15 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
 
     ``skip()``, asked only when the class is about to be compiled and timed: name -> why, the
     candidates that can't win here and are neither compiled nor timed (never ``default``); the
-    stored entry says why."""
+    stored entry says why.
+
+    While the candidates compile in the background (deferred calibration) the calls run ``prefer``
+    where it is a candidate (ComfyUI's own path: nothing of ours to compile), else ``interim``,
+    else ``default``. The default is what an untimed GPU runs, and it may need compiles of its own
+    (the fused linear's block configs, an attention kernel's): run meanwhile, it held the model
+    until they were done, behind every other class's compiles in the pool. On an H100's cold
+    HunyuanVideo @86 step (2026-11-25) the model met its second attention class 8 s into the step,
+    and that class's compiles began only then."""
     if default not in candidates:
         raise ValueError(f"default {default!r} is not among the candidates {list(candidates)}")
     if _compiling():
@@ -565,8 +574,9 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
                    if n in candidates and n != default}
         if skipped:
             candidates = {n: fn for n, fn in candidates.items() if n not in skipped}
-        if len(candidates) > 1 and _prepare_first(dkey, key, candidates, default, prefer):
-            return default
+        now = prefer if prefer in candidates else interim if interim in candidates else default
+        if len(candidates) > 1 and _prepare_first(dkey, key, candidates, now, prefer):
+            return now
         bar = _progress_factory(len(candidates)) if _progress_factory is not None else None
         step = (lambda name: bar.update(1)) if bar is not None else None  # noqa: E731
         timings, errors = {}, {}
@@ -613,11 +623,11 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         return choice
 
 
-def _prepare_first(dkey: str, key: str, candidates: dict, default: str,
+def _prepare_first(dkey: str, key: str, candidates: dict, now: str,
                    prefer: Optional[str]) -> bool:
     """Before a shape class is timed, its candidates' kernels are compiled, in the background
     (kernels/prepare.py), all at once. True when the timing waits for a later call: the compiles
-    were just started, or still run, and :func:`deferring` (this call then runs the default path).
+    were just started, or still run, and :func:`deferring` (this call then runs ``now``).
     Other classes' compiles may still run while this one is timed: a timed call they hold up on the
     host is timed again (STALL_RETRIES).
     ``prefer`` (ComfyUI's own path) has nothing of ours to compile and is not run."""
@@ -631,16 +641,17 @@ def _prepare_first(dkey: str, key: str, candidates: dict, default: str,
     if pend is None:
         COUNTERS["prepared"] += 1
         if defer:
-            # the default runs now: its kernels first, waited for (ComfyUI's own path has none); the
-            # others compile meanwhile
-            first = prepare.prepare({default: candidates[default]}) if default != prefer else None
+            # ``now`` runs meanwhile: its kernels first, waited for (ComfyUI's own path has none, the
+            # fp8 decode kernel is one for every layer); the others compile in the background
+            first = prepare.prepare({now: candidates[now]}) if now != prefer else None
             _PENDING[(dkey, key)] = prepare.prepare({n: fn for n, fn in candidates.items()
-                                                     if n not in (prefer, default)})
+                                                     if n not in (prefer, now)})
             if first is not None:
                 first.wait()
             COUNTERS["deferred_calls"] += 1
-            log_once("deferred", "TritonKit calibration: each new shape class keeps its default path while its "
-                     "candidates compile in the background, and is timed at a later call once they are ready",
+            log_once("deferred", "TritonKit calibration: each new shape class runs ComfyUI's path (or another "
+                     "with nothing to compile) while its candidates compile in the background, and is timed at "
+                     "a later call once they are ready",
                      level=logging.INFO)
             return True
         pend = prepare.prepare({n: fn for n, fn in candidates.items() if n != prefer})

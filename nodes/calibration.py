@@ -69,17 +69,17 @@ def forced(env: str, table: dict) -> Optional[str]:
 
 
 def pick(device, key: str, candidates: dict, default: str, env: str, table: dict, what: str,
-         prefer: Optional[str] = None, skip=None) -> str:
+         prefer: Optional[str] = None, skip=None, interim: Optional[str] = None) -> str:
     """The forced path when it is a candidate here, else the calibrated (or default) one
-    (``prefer``: ComfyUI's own path, kept unless another is clearly faster; ``skip``: see
-    kernels/calibration.choose)."""
+    (``prefer``: ComfyUI's own path, kept unless another is clearly faster; ``skip``, ``interim``:
+    see kernels/calibration.choose)."""
     f = None if torch.compiler.is_compiling() else forced(env, table)
     if f is not None:
         if f in candidates:
             return f
         C.log_once("notallowed:" + env + f + key, "TritonKit: %s=%s is not possible for %s; using %s", env, f, what,
                   default)
-    return C.choose(device, key, candidates, default, what=what, prefer=prefer, skip=skip)
+    return C.choose(device, key, candidates, default, what=what, prefer=prefer, skip=skip, interim=interim)
 
 
 # ----------------------------------------------------------------------------- fp8 linear
@@ -107,8 +107,12 @@ def fp8_linear_path(m, x, default: str, runs: dict, cc=None) -> str:
         why = roofline.fused_not_worth_timing(x.device, int(bucket), N, K, x.dtype) if "fused" in runs else None
         return {"fused": why} if why else {}
 
+    # below sm89 ComfyUI's path is not a candidate: while the class's candidates compile, its calls
+    # take decode + matmul, whose one decode kernel serves every layer (the fused linear's configs
+    # would have to compile first)
     return pick(x.device, key, runs, default, FP8_PATH_ENV, FP8_PATHS,
-                f"fp8 linear {N}x{m.weight.shape[1]} at {bucket} tokens", prefer="torch", skip=skip)
+                f"fp8 linear {N}x{m.weight.shape[1]} at {bucket} tokens", prefer="torch", skip=skip,
+                interim="decode")
 
 
 # ----------------------------------------------------------------------------- attention

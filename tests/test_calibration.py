@@ -121,8 +121,8 @@ def test_a_skipped_candidate_is_neither_compiled_nor_timed(store, monkeypatch):
         asked.append(1)
         return {"exact": "cannot win here", "int8": "nor this", "nope": "not a candidate"}
 
-    assert C.choose(CPU, "ks", cands, "int8", prefer="comfy", skip=skip) == "int8"  # prepared: default runs
-    assert sorted(ran) == ["int8"] and len(asked) == 1                                # exact: not compiled
+    assert C.choose(CPU, "ks", cands, "int8", prefer="comfy", skip=skip) == "comfy"  # prepared: ComfyUI's runs
+    assert sorted(ran) == ["int8"] and len(asked) == 1                                 # exact: not compiled
     assert C.choose(CPU, "ks", cands, "int8", prefer="comfy", skip=skip) == "int8"
     assert sorted(t.asked) == ["comfy", "int8"] and len(asked) == 2
     e = json.loads(store_file(store).read_text())["entries"]["ks"]
@@ -141,10 +141,11 @@ needs_async = pytest.mark.skipif(not P.available(), reason="this Triton has no a
 
 
 @needs_async
-def test_a_new_shape_class_keeps_its_default_while_its_candidates_compile(store, monkeypatch):
+def test_a_new_shape_class_runs_comfyuis_path_while_its_candidates_compile(store, monkeypatch):
     """Deferred calibration: the first call prepares every candidate but ComfyUI's own (their
-    launches become background compiles) and runs the default; calls while the compiles run keep
-    the default; the first call after they are done times and stores the choice."""
+    launches become background compiles) and runs ComfyUI's, which has nothing to compile (not the
+    default, whose kernels would hold the model until they compiled); calls while the compiles run
+    keep it; the first call after they are done times and stores the choice."""
     t = FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0})
     C.set_timer(t)
     C.set_deferral(True)
@@ -152,10 +153,10 @@ def test_a_new_shape_class_keeps_its_default_while_its_candidates_compile(store,
     cands = {n: (lambda n=n: prepared.append((n, P.preparing()))) for n in CANDS}
     ready = {"now": False}
     monkeypatch.setattr(P.Prepared, "done", lambda self: ready["now"])
-    assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "int8"
+    assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "comfy"
     assert sorted(prepared) == [("exact", True), ("int8", True)]  # ComfyUI's path has nothing to compile
     assert t.asked == [] and not store.exists() and C.COUNTERS["prepared"] == 1
-    assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "int8"  # still compiling
+    assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "comfy"  # still compiling
     assert t.asked == [] and len(prepared) == 2 and C.COUNTERS["deferred_calls"] == 2
     ready["now"] = True
     assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "exact"  # ready: timed now
@@ -163,6 +164,32 @@ def test_a_new_shape_class_keeps_its_default_while_its_candidates_compile(store,
     assert json.loads(store_file(store).read_text())["entries"]["kd"]["choice"] == "exact"
     assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "exact" and len(t.asked) == 3
     assert not C._PENDING
+
+
+@needs_async
+def test_without_comfyuis_path_the_interim_runs_not_the_default(store, monkeypatch):
+    """An fp8 layer below sm89 (ComfyUI's path is not a candidate), small-M: the default is the fused
+    linear, but while the class compiles its calls take decode + matmul, whose kernel is the only one
+    waited for; the fused linear compiles in the background and is timed once ready."""
+    t = FakeTimer({"decode": 2.0, "fused": 1.0})
+    C.set_timer(t)
+    C.set_deferral(True)
+    prepared, waited = [], []
+    cands = {n: (lambda n=n: prepared.append(n)) for n in ("decode", "fused")}
+    ready = {"now": False}
+    monkeypatch.setattr(P.Prepared, "done", lambda self: ready["now"])
+    orig_wait = P.Prepared.wait
+    monkeypatch.setattr(P.Prepared, "wait", lambda self, timeout=None: waited.append(len(self)) or orig_wait(self, timeout))
+    for _ in range(2):
+        assert C.choose(CPU, "kf", cands, "fused", prefer="torch", interim="decode") == "decode"
+    assert prepared == ["decode", "fused"] and waited == [0] and t.asked == []  # decode's kernels waited for, alone
+    ready["now"] = True
+    assert C.choose(CPU, "kf", cands, "fused", prefer="torch", interim="decode") == "fused"
+    assert sorted(t.asked) == ["decode", "fused"]
+    # no interim given: the default runs meanwhile, as before
+    C.set_timer(FakeTimer({"decode": 2.0, "fused": 1.0}))
+    ready["now"] = False
+    assert C.choose(CPU, "kf2", cands, "fused", prefer="torch") == "fused"
 
 
 @needs_async
@@ -597,7 +624,7 @@ def test_gpu_calibration_is_timed_once_and_reused_by_a_second_process(store):
 
 
 @pytest.mark.gpu
-def test_gpu_deferred_calibration_runs_the_default_until_the_candidates_compiled(store, monkeypatch):
+def test_gpu_deferred_calibration_runs_comfyuis_path_until_the_candidates_compiled(store, monkeypatch):
     """An eager model's new shape class: the first call starts the candidates' compiles in the
     background and gives ComfyUI's result; once they are done, the next call times all three paths
     and stores the choice; every call's output is right."""
@@ -615,7 +642,7 @@ def test_gpu_deferred_calibration_runs_the_default_until_the_candidates_compiled
 
     cos = lambda o: torch.nn.functional.cosine_similarity(o.float().flatten(), ref.flatten(), dim=0).item()  # noqa: E731
     out = call()
-    # prepared: the calibration's candidates, and the default (8-bit) kernel's block configs
+    # prepared: the calibration's candidates (with their kernels' block configs); ComfyUI's path ran
     assert cos(out) > 0.9999 and C.COUNTERS["prepared"] >= 1 and C.COUNTERS["calibrations"] == 0
     [pending] = list(C._PENDING.values())  # (no compile at all where earlier tests compiled these kernels)
     assert not [key for key in C.stored_choices(dev) if key.startswith("attention|")]
