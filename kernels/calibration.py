@@ -17,8 +17,8 @@ runs and restarts read the choice and time nothing.
   A device that can't be timed (CPU, the Triton interpreter) uses the default too.
 * A new shape class does not stall the model while its candidates compile: its first call starts
   their compiles in the background (kernels/prepare.py) and runs a path that has nothing left to
-  compile (:func:`choose`'s ``interim``); the first call after they are ready times them. So the compiles of every shape class a first step
-  meets overlap each other and the model's own work. :func:`synchronous` (a compiled model's eager
+  compile (see :func:`choose`); the first call after they are ready times them. So the compiles of
+  every shape class a first step meets overlap each other and the model's own work. :func:`synchronous` (a compiled model's eager
   first call), ``TRITONKIT_CALIBRATION_DEFER=0`` or a Triton without asynchronous compiles time at
   the first call instead (after compiling the candidates all at once).
 * Under ``torch.compile`` tracing nothing is timed: :func:`choose` returns the stored choice or
