@@ -503,6 +503,11 @@ class recording:
         return False
 
 
+def pending(device, key: str) -> bool:
+    """Whether ``key``'s candidates are compiling in the background, its calls on an interim path."""
+    return (str(torch.device(device)), key) in _PENDING
+
+
 def lookup(device, key: str) -> Optional[str]:
     """The stored choice for ``key`` on ``device``, from memory only (safe while tracing)."""
     return _CHOICES.get((str(device), key))

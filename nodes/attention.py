@@ -191,6 +191,8 @@ def _auto_choice(func, args, kwargs, b, force_cpu):
     what = "" if torch.compiler.is_compiling() else f"attention head {D}, {Lk} keys, {str(q.dtype).replace('torch.', '')}"
     choice = calib.pick(q.device, key, cands, default, calib.ATTN_PATH_ENV, calib.ATTN_PATHS, what, prefer="comfy")
     if choice == "comfy":
+        if not torch.compiler.is_compiling() and calib.C.pending(q.device, key):
+            return None, f"auto: ComfyUI's attention ({fname}) while the kernels for head size {D} compile (calibrating)"
         return None, f"auto: ComfyUI's attention ({fname}) is faster or the default for head size {D} here"
     return choice, None
 

@@ -158,8 +158,10 @@ def test_a_new_shape_class_runs_comfyuis_path_while_its_candidates_compile(store
     assert t.asked == [] and not store.exists() and C.COUNTERS["prepared"] == 1
     assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "comfy"  # still compiling
     assert t.asked == [] and len(prepared) == 2 and C.COUNTERS["deferred_calls"] == 2
+    assert C.pending(CPU, "kd") and not C.pending(CPU, "other")  # the nodes say why ComfyUI's path ran
     ready["now"] = True
     assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "exact"  # ready: timed now
+    assert not C.pending(CPU, "kd")
     assert sorted(t.asked) == ["comfy", "exact", "int8"] and len(prepared) == 2
     assert json.loads(store_file(store).read_text())["entries"]["kd"]["choice"] == "exact"
     assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "exact" and len(t.asked) == 3
