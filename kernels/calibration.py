@@ -504,8 +504,9 @@ class recording:
 
 
 def pending(device, key: str) -> bool:
-    """Whether ``key``'s candidates are compiling in the background, its calls on an interim path."""
-    return (str(torch.device(device)), key) in _PENDING
+    """Whether ``key``'s candidates are compiling in the background, its calls on an interim path
+    (asked per attention call that takes ComfyUI's path: nothing pending is one dict check)."""
+    return bool(_PENDING) and (str(torch.device(device)), key) in _PENDING
 
 
 def lookup(device, key: str) -> Optional[str]:
