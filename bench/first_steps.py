@@ -29,6 +29,11 @@ def lines(doc: dict) -> list[str]:
         if r.get("compile_s") is not None:
             parts.append(f"compile {_f(r['compile_s'], 1)} s" + (f" ({r['inductor_cache']} cache)"
                                                                   if r.get("inductor_cache") else ""))
+            if r.get("calibration_step_s") is not None:
+                # the compiled model's eager first call (calibrating, or recording its shape classes),
+                # paid before the compile step: the two together are what the user waited
+                parts.append(f"eager step 1 +{_f(r['calibration_step_s'], 1)} s before it "
+                             f"(both {_f(r['compile_s'] + r['calibration_step_s'], 1)} s)")
         if cal.get("calibrations") or cal.get("autotunes"):
             parts.append(f"calibrated {cal.get('calibrations', 0)} ({_f(cal.get('calibration_s'), 1)} s), "
                          f"tuned {cal.get('autotunes', 0)} ({_f(cal.get('autotune_s'), 1)} s)")

@@ -392,6 +392,8 @@ def test_first_steps_lines():
         {"run": "flux:both:compiled#r2", "s_per_step": 0.17, "first_step_s": 5.0, "compile_s": 4.8,
          "inductor_cache": "warm"},
         {"run": "flux:fp8", "error": "RuntimeError: boom"},
+        {"run": "hun:both:regional", "s_per_step": 0.92, "first_step_s": 5.49, "compile_s": 13.6,
+         "calibration_step_s": 4.57},
         {"run": "flux:both:regional", "s_per_step": 0.18, "first_step_s": 0.2,
          "kernel_time": {"wall_ms": 190.0, "kernels": 1800, "kernel_ms": 140.0, "gpu_idle_in_span_ms": 40.0,
                          "gaps": {"count": 57, "sum_ms": 38.5, "waiting_on_gpu_ms": 0.0,
@@ -405,7 +407,9 @@ def test_first_steps_lines():
     assert "1 classes with a candidate not timed (roofline), rates bfloat16 700.5 TFLOPS, 3001.0 GB/s" in out[0]
     assert out[1] == "flux:both:compiled#r2: 0.1700 s/step, first 5.00 s; compile 4.8 s (warm cache)"
     assert out[2] == "flux:fp8: RuntimeError: boom"
-    assert out[3].endswith("57 gaps 38.5 ms (waiting on the GPU 0.0 ms); longest: 2.5 ms before rope_kernel: "
+    assert out[3] == ("hun:both:regional: 0.9200 s/step, first 5.49 s; compile 13.6 s; "
+                      "eager step 1 +4.6 s before it (both 18.2 s)")
+    assert out[4].endswith("57 gaps 38.5 ms (waiting on the GPU 0.0 ms); longest: 2.5 ms before rope_kernel: "
                            "aten::cat 1.9, aten::mul 0.3")
 
 
