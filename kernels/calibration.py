@@ -634,8 +634,11 @@ def _prepare_first(dkey: str, key: str, candidates: dict, now: str,
     """Before a shape class is timed, its candidates' kernels are compiled, in the background
     (kernels/prepare.py), all at once. True when the timing waits for a later call: the compiles
     were just started, or still run, and :func:`deferring` (this call then runs ``now``).
-    Other classes' compiles may still run while this one is timed: a timed call they hold up on the
-    host is timed again (STALL_RETRIES).
+    Deferring, a class is timed only once no compile of the pool runs (prepare.busy()): a timed call
+    competes with the compiles for the GIL, and one that the host held up is timed again
+    (STALL_RETRIES). A cold HunyuanVideo first step spent 4.7-13.2 s timing and timed 18-81 calls
+    again (H100, H200, 2026-11-25) while its other classes compiled; the model can go on with the
+    interim paths meanwhile. Timed at once (synchronous()), other compiles may still run.
     ``prefer`` (ComfyUI's own path) has nothing of ours to compile and is not run."""
     if _timer is not None and _defer_override is None:
         return False  # a test's fake clock: nothing to compile ahead
@@ -661,7 +664,7 @@ def _prepare_first(dkey: str, key: str, candidates: dict, now: str,
                      level=logging.INFO)
             return True
         pend = prepare.prepare({n: fn for n, fn in candidates.items() if n != prefer})
-    elif defer and not pend.done():
+    elif defer and (not pend.done() or prepare.busy()):
         COUNTERS["deferred_calls"] += 1
         return True
     _PENDING.pop((dkey, key), None)

@@ -33,6 +33,7 @@ MAX_THREADS = 16
 _pool: Optional[ThreadPoolExecutor] = None
 _mode = None  # the one asynchronous compile mode of every preparing run (see _shared_mode)
 _pool_lock = threading.Lock()
+_in_flight: list = []  # the futures of every prepare() not yet seen done (see busy)
 
 
 def _async_module():
@@ -66,6 +67,14 @@ def _executor() -> ThreadPoolExecutor:
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="tritonkit-prepare")
     return _pool
+
+
+def busy() -> bool:
+    """Whether a compile that :func:`prepare` started still runs. The calibration and the tuner time
+    only once none does (kernels/calibration.py)."""
+    with _pool_lock:
+        _in_flight[:] = [f for f in _in_flight if not f.done()]
+        return bool(_in_flight)
 
 
 def _shared_mode(ac):
@@ -155,4 +164,7 @@ def prepare(fns: dict) -> Prepared:
     finally:
         runtime.PREPARING.reset(tok_prep)
         ac.active_mode.reset(tok_mode)
-    return Prepared(_futures(compiled), failed, compiled)
+    futures = _futures(compiled)
+    with _pool_lock:
+        _in_flight.extend(futures)
+    return Prepared(futures, failed, compiled)

@@ -194,7 +194,7 @@ def _deferred(device: torch.device, key: str, cands: list, warm: Callable) -> bo
         _PENDING[key] = prepare.prepare({c: functools.partial(warm, c) for c in cands[1:]})
         first.wait()
         calibration.COUNTERS["prepared"] += 1
-    elif pend.done():
+    elif pend.done() and not prepare.busy():  # timed once no compile runs (kernels/calibration.py)
         del _PENDING[key]
         pend.wait()  # every config in its kernel's cache before the timed runs launch it
         return False

@@ -169,6 +169,57 @@ def test_a_new_shape_class_runs_comfyuis_path_while_its_candidates_compile(store
 
 
 @needs_async
+def test_a_class_is_timed_only_once_no_other_class_compiles(store, monkeypatch):
+    """Two new shape classes: the first's compiles finish while the second's still run. Its calls keep
+    ComfyUI's path (a timing now would compete with those compiles for the GIL) until the pool is idle;
+    then each is timed at its next call."""
+    t = FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0})
+    C.set_timer(t)
+    C.set_deferral(True)
+    ready = {}
+
+    class Fake:  # one class's background compiles, done when the test says so
+        def __init__(self, fns):
+            self.names, self.key = sorted(fns), current[0]
+
+        def done(self):
+            return ready[self.key]
+
+        def wait(self, timeout=None):
+            assert ready[self.key], "waited for compiles that were not done"
+
+    made, current = [], [None]
+
+    def fake_prepare(fns):
+        f = Fake(fns)
+        made.append(f)
+        return f
+
+    monkeypatch.setattr(P, "prepare", fake_prepare)
+    monkeypatch.setattr(P, "busy", lambda: not all(ready[f.key] for f in made))  # the pool, as prepare.busy
+    cands = {n: (lambda: None) for n in CANDS}
+    for key in ("ka", "kb"):
+        ready[key], current[0] = False, key
+        assert C.choose(CPU, key, cands, "int8", prefer="comfy") == "comfy"
+        assert made[-1].names == ["exact", "int8"] and made[-1].key == key
+    ready["ka"] = True  # ka's compiles done, kb's not: ka is not timed yet
+    assert C.choose(CPU, "ka", cands, "int8", prefer="comfy") == "comfy"
+    assert t.asked == [] and C.pending(CPU, "ka") and C.pending(CPU, "kb")
+    ready["kb"] = True
+    assert C.choose(CPU, "ka", cands, "int8", prefer="comfy") == "exact"
+    assert sorted(t.asked) == ["comfy", "exact", "int8"] and not C.pending(CPU, "ka")
+    assert C.choose(CPU, "kb", cands, "int8", prefer="comfy") == "exact" and len(t.asked) == 6
+    assert not C._PENDING
+    # a class timed at once (a compiled model's eager first call) does not wait for the others
+    ready["kc"], ready["kd"], current[0] = False, True, "kc"
+    assert C.choose(CPU, "kc", cands, "int8", prefer="comfy") == "comfy"
+    current[0] = "kd"
+    with C.synchronous():
+        assert C.choose(CPU, "kd", cands, "int8", prefer="comfy") == "exact"
+    assert len(t.asked) == 9 and C.pending(CPU, "kc")
+
+
+@needs_async
 def test_without_comfyuis_path_the_interim_runs_not_the_default(store, monkeypatch):
     """An fp8 layer below sm89 (ComfyUI's path is not a candidate), small-M: the default is the fused
     linear, but while the class compiles its calls take decode + matmul, whose kernel is the only one

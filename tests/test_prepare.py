@@ -127,6 +127,21 @@ def test_done_follows_the_futures():
     p.wait()  # never raises
 
 
+@needs_async
+def test_busy_while_any_prepared_compile_runs(monkeypatch):
+    # every prepare()'s compiles count, whichever shape class started them; done ones are forgotten
+    f1, f2 = Future(), Future()
+    futs = iter([[f1], [f2]])
+    monkeypatch.setattr(P, "_futures", lambda compiled: next(futs))
+    assert not P.busy()
+    a, b = P.prepare({"a": lambda: None}), P.prepare({"b": lambda: None})
+    assert P.busy()
+    f1.set_result("kernel")
+    assert a.done() and P.busy()        # a's compile done, b's still runs
+    f2.set_exception(RuntimeError("ptxas failed"))
+    assert b.done() and not P.busy() and P._in_flight == []
+
+
 def test_unavailable_triton_prepares_nothing(monkeypatch):
     monkeypatch.setattr(P, "_async_module", lambda: None)
     ran = []
