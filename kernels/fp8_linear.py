@@ -122,8 +122,12 @@ def _cfg(bn, bm, bk, warps, stages, group=8) -> tuple:
 
 # (M bucket upper bound, configs). The small-M rows are bandwidth-bound GEMVs: narrow BLOCK_M,
 # long BLOCK_K, enough CTAs over N; the large rows are tensor-core tiles.
+# Not a candidate any more: (128, 16, 128, 4 warps, 4 stages). ptxas spills 1.2-1.3 KB a thread from
+# it for sm80, 86, 89 and 90 (its 128x128 decoded tile in registers; the others here spill 0-0.3 KB),
+# and it lost on every layer of Flux and HunyuanVideo at one token on an H100 and an H200 (1.37-3.79x
+# the best, 149 tunings, 2026-11); it cost two compiles of a cold first step.
 CONFIGS_BY_BUCKET = (
-    (16, [_cfg(64, 16, 256, 4, 4), _cfg(64, 16, 128, 4, 5), _cfg(32, 16, 256, 4, 4), _cfg(128, 16, 128, 4, 4),
+    (16, [_cfg(64, 16, 256, 4, 4), _cfg(64, 16, 128, 4, 5), _cfg(32, 16, 256, 4, 4),
           _cfg(32, 16, 512, 4, 3), _cfg(16, 16, 512, 4, 3)]),
     (64, [_cfg(64, 32, 128, 4, 4), _cfg(128, 32, 128, 4, 4), _cfg(64, 64, 128, 4, 4), _cfg(128, 64, 64, 4, 4),
           _cfg(64, 32, 256, 4, 3), _cfg(128, 64, 128, 8, 3)]),
@@ -148,13 +152,16 @@ def _configs_for_bucket(bucket: int):
 def _launch_cuda(args, consts, M, N, K, device):
     """Launches with the config picked for (M bucket, N, K, formats) on this GPU: timed once per
     GPU, candidates compiled in parallel, then stored (kernels/tuning.py); a config that does not
-    fit this GPU's shared memory is not picked."""
-    even_k = K % 512 == 0
+    fit this GPU's shared memory is not picked.
+
+    ``EVEN_K`` (no masks in the K loop) whenever the config's K tile divides K: K = 256 and 768
+    (the time and vector embedders) then share the 3072-feature layers' binary for the 128- and
+    256-wide tiles, where one flag for every config (K % 512) compiled each candidate twice."""
 
     def launch(c, warmup=False):
         bn, bm, bk, group, warps, stages = c
         grid = (cdiv(N, bn) * cdiv(M, bm),)
-        kw = dict(consts, EVEN_K=even_k, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, GROUP=group, num_warps=warps,
+        kw = dict(consts, EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, GROUP=group, num_warps=warps,
                   num_stages=stages)
         return launch_kernel(w8a16_linear_kernel, grid, *args, warmup=warmup, **kw)
 

@@ -13,3 +13,34 @@ def compile_for(kernel, signature: dict, constexprs: dict, cc: int, num_warps: i
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", cc, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def spill_bytes(compiled, cc: int):
+    """Bytes of registers spilled a thread (stores) when ptxas assembles ``compiled``'s PTX for
+    ``cc``, as ``ptxas -v`` reports them (a compiled kernel's own figures need a GPU); None when
+    Triton has no ptxas of its own here."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                       "ptxas-blackwell" if cc >= 100 else "ptxas")
+    if not os.path.exists(exe):
+        exe = exe.replace("ptxas-blackwell", "ptxas")
+        if not os.path.exists(exe):
+            return None
+    ptx = compiled.asm["ptx"]
+    target = re.search(r"^\.target\s+(sm_\w+)", ptx, re.M).group(1)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        r = subprocess.run([exe, "-v", f"--gpu-name={target}", path, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    m = re.search(r"(\d+) bytes spill stores", out)
+    if r.returncode != 0 or m is None:
+        raise RuntimeError(f"ptxas -v for {target} failed: {out[-500:]}")
+    return int(m.group(1))

@@ -3,7 +3,7 @@ cross-compilation sm75..sm120, and on a GPU the Flux layer shapes at small and l
 import pytest
 import torch
 
-from compile_utils import ARCHS, compile_for
+from compile_utils import ARCHS, compile_for, spill_bytes
 from tritonkit.kernels import fp8_linear as fl
 
 ULP = {torch.float32: 2.0 ** -20, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
@@ -63,6 +63,48 @@ def test_m_bucket_and_configs():
     assert block_m(32) and max(block_m(32)) <= 64
 
 
+def test_cuda_launcher_candidates_without_masks_where_their_k_tile_divides_k(monkeypatch):
+    # every small-M candidate of the GPU launcher, run in the interpreter: EVEN_K (no masks in the K
+    # loop) exactly where the config's K tile divides K, so K = 256 / 768 (the embedders) share the
+    # 3072-feature layers' binaries for the 128- and 256-wide tiles; masked or not, the same result
+    from tritonkit.kernels import fp8 as f8
+    runs = []  # (BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, the output it wrote)
+
+    def run_in_interpreter(kernel, grid, *args, warmup=False, **kw):
+        out = args[4]
+        out.fill_(float("nan"))  # poisoned before every candidate
+        kw = {k: v for k, v in kw.items() if k not in ("num_warps", "num_stages")}
+        with f8.wrapping_int_math():
+            f8.launchable(kernel, "cpu")[grid](*args, **kw)
+        runs.append((kw["BLOCK_N"], kw["BLOCK_M"], kw["BLOCK_K"], kw["EVEN_K"], out.clone()))
+
+    def every_candidate(device, key, cands, run, warm=None, **_):
+        for c in cands[1:]:
+            run(c)
+        return cands[0]  # launched last by the launcher
+    monkeypatch.setattr(fl, "launch_kernel", run_in_interpreter)
+    monkeypatch.setattr(fl, "capability", lambda dev: 86)
+    monkeypatch.setattr(fl.tuning, "pick", every_candidate)
+    cands = fl._configs_for_bucket(1)
+    binaries = set()
+    for K in (256, 768, 1536):
+        runs.clear()
+        x, w, g = make(1, 48, K, torch.float16, torch.float8_e4m3fn, seed=K)
+        scale = torch.rand(48, generator=g) + 0.5
+        out = torch.empty((1, 48), dtype=torch.float16)
+        args = (x, w.view(torch.uint8), w.view(torch.uint8), scale, out, 1, 48, K, x.stride(0), out.stride(0))
+        fl._launch_cuda(args, dict(FMT=0, ACT=0, BIAS=0, SCALE=2), 1, 48, K, torch.device("cpu"))
+        ref = fl.linear_reference(x, w, None, scale)
+        assert sorted(r[:3] for r in runs) == sorted(c[:3] for c in cands)
+        for bn, bm, bk, even_k, y in runs:
+            assert even_k == (K % bk == 0), (K, bk)
+            assert_close_to_reference(y, ref, torch.float16, K)
+            binaries.add((bn, bm, bk, even_k))
+    masked = {b[:3] for b in binaries if not b[3]}
+    assert masked == {c[:3] for c in cands if c[2] == 512}  # only the 512-deep tiles mask, at K 256 / 768
+    assert len(binaries) == len(cands) + len(masked)
+
+
 def test_linear_op_fake_and_compile_without_graph_break():
     x, w, g = make(4, 32, 64, torch.float32, torch.float8_e4m3fn)
     b = torch.randn(32, generator=g)
@@ -87,7 +129,20 @@ def test_fused_linear_compiles_for_every_arch(cc, spec):
     assert "fp8e4nv" not in k.asm["ttgir"]
 
 
-FLUX_SHAPES = [(3072, 12288), (12288, 3072), (3072, 3072), (3072, 9216)]  # (out N, in K) as in the issue
+@pytest.mark.parametrize("cc", [86, 90])
+def test_small_m_candidates_do_not_spill(cc):
+    # the one-token candidates are bandwidth-bound GEMVs; one that spills its decoded tile to local
+    # memory (the former 128x16x128: 1.2-1.3 KB a thread on sm80-90) only costs a cold step's compiles
+    for bn, bm, bk, group, warps, stages in fl._configs_for_bucket(1):
+        kernel, sig, consts = fl._lspec("*bf16", 0, 1, "*bf16", 1, 1, bn, bm, bk)
+        spilled = spill_bytes(compile_for(kernel, sig, consts, cc, num_warps=warps, num_stages=stages), cc)
+        if spilled is None:
+            pytest.skip("this Triton has no ptxas of its own")
+        assert spilled <= 512, ((bn, bm, bk, warps, stages), f"sm{cc}", spilled)
+
+
+# (out N, in K) as in the issue, and the time / vector embedders' inputs (K tiles that divide K or not)
+FLUX_SHAPES = [(3072, 12288), (12288, 3072), (3072, 3072), (3072, 9216), (3072, 256), (3072, 768)]
 
 
 @pytest.mark.gpu
@@ -113,3 +168,25 @@ def test_gpu_linear_e5m2_fp8_bias_channel_scale():
     for M in (3, 77, 1025):
         x = torch.randn(2, M, K, device="cuda", generator=g).to(torch.bfloat16)
         assert_close_to_reference(fl.linear(x, w, b, s), fl.linear_reference(x, w, b, s), torch.bfloat16, K)
+
+
+def test_compile_count_bench(tmp_path):
+    # bench/fp8_linear_compiles.py counts the binaries the launcher's candidates need, through the
+    # launcher itself: one a config at one token (EVEN_K there, but masked for K 256 / 768 where the
+    # K tile is 512) and the large-M configs, Flux's 64-feature input masked for the 128-deep tile
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "c.json"
+    subprocess.run([sys.executable, str(root / "bench" / "fp8_linear_compiles.py"), "--no-compile", "--json", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    doc = json.loads(out.read_text())["models"]
+    one = fl._configs_for_bucket(1)
+    deep = sum(c[2] == 512 for c in one)
+    for model in ("flux", "hunyuan"):
+        assert doc[model]["buckets"]["1 token"] == {"binaries": len(one) + deep, "masked": deep, "compile_s": 0.0}
+    large = fl._configs_for_bucket(8192)
+    assert doc["flux"]["buckets"]["large"]["binaries"] == len(large) + sum(c[2] > 64 for c in large)
+    assert doc["hunyuan"]["buckets"]["large"] == {"binaries": len(large), "masked": 0, "compile_s": 0.0}
