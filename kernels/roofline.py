@@ -1,5 +1,5 @@
-"""What this GPU's matmul and memory sustain, measured once, and the bound that puts on the fused
-fp8-weight linear (kernels/fp8_linear.py) before it is compiled and timed.
+"""What this GPU's matmul and memory sustain, measured once, and the bounds that puts on the fused
+fp8-weight linear (kernels/fp8_linear.py) and the 8-bit attention before they are compiled and timed.
 
 The calibration of an fp8 layer (nodes/fp8_fallback.py) times three paths: ComfyUI's cast + matmul,
 our decode + cuBLAS's matmul, and the fused linear. The fused linear differs from decode + matmul in
@@ -21,7 +21,16 @@ H200 it ran at 758-764 TFLOPS where HunyuanVideo's 18,616 × 3072 × 3072 matmul
 so the bound there is about a tenth lower than at that rate (2.4 % against 2.6 %): far from
 FUSED_MIN_GAIN. A larger probe would close that gap but take memory beside a loaded model.
 
-``TRITONKIT_FUSED_BOUND=0`` times the fused linear at every size, as before.
+The same rates bound the 8-bit attention (kernels/attention.py) against the 16-bit paths (ComfyUI's
+SDPA, the exact kernel) before its block configs are compiled. At a few hundred keys
+(HunyuanVideo's 256-token text refiner, a UNet's 77-key cross-attention) a 16-bit attention is bound
+by its memory traffic, not its FLOPs, and the 8-bit one moves more bytes (its pre-pass reads K and
+writes it again): no int8 rate wins that back. Its candidates were 7 of a native HunyuanVideo cold step's 23
+attention compiles, for a class of 0.01-0.03 ms a call where the 8-bit kernel timed 1.76-2.40x the
+exact one in all 8 recorded H100 and H200 calibrations (2026-11). Where a GPU's matmul is slow for its
+memory (an RTX 3090's rates put that class at 33 %) the bound lets it be timed.
+
+``TRITONKIT_FUSED_BOUND=0`` times the fused linear and the 8-bit attention at every size, as before.
 """
 from __future__ import annotations
 
@@ -41,6 +50,11 @@ ENV = "TRITONKIT_FUSED_BOUND"
 # path's time: less is within what the calibration already treats as noise between two paths (its
 # PREFER_MARGIN: picks closer than 5 % flipped from one process to the next).
 FUSED_MIN_GAIN = calibration.PREFER_MARGIN
+# The 8-bit attention's best case against the measured 16-bit matmul rate: int8 Q·K at 4x (2x on
+# datacenter cards; GeForce cards run the fp32-accumulate 16-bit matmul at half rate, int8 at twice
+# the fp16-accumulate one), P·V at 2x (fp8 on sm89+, fp16 accumulation on GeForce).
+INT8_QK_SPEEDUP = 4.0
+LOW_PV_SPEEDUP = 2.0
 MATMUL_N = 4096              # the square matmul whose rate stands for this GPU's peak
 COPY_ELEMENTS = 32 << 20     # a 64 MB bf16 copy: far beyond any L2 (the timer flushes it too)
 _KEY = "rates|{}"
@@ -92,7 +106,7 @@ def rates(device, dtype: torch.dtype) -> Optional[dict]:
             r = _measure(dev, dtype)
         except Exception as e:  # noqa: BLE001 - e.g. out of memory beside a loaded model
             calibration.log_once("rates:" + str(k), "TritonKit: could not measure this GPU's matmul and copy rates "
-                                 "(%s: %s); the fused fp8 linear is timed at every size", type(e).__name__, e)
+                                 "(%s: %s); the fused fp8 linear and the 8-bit attention are timed at every size", type(e).__name__, e)
             return None
         if not _valid(r):
             return None
@@ -137,3 +151,38 @@ def fused_not_worth_timing(device, M_bucket: int, N: int, K: int, dtype: torch.d
         return None
     return (f"at most {100 * max(bound, 0.0):.1f} % faster than decode + matmul from {M} tokens by this GPU's "
             f"{r['matmul_tflops']:.0f} TFLOPS and {r['copy_gbps']:.0f} GB/s (under {100 * FUSED_MIN_GAIN:.0f} %)")
+
+
+def int8_attention_gain_bound(B: int, H: int, Lq: int, Lk: int, D: int, r: dict, act_bytes: int = 2) -> float:
+    """The most the 8-bit attention can gain over a 16-bit attention of the same call, as a share of
+    the latter's time, by a roofline of the rates ``r``. The 16-bit one: both matmuls at the matmul
+    rate, or Q, K, V read and O written, whichever is longer. The 8-bit one at its best: K read and
+    written as int8 by its pre-pass (the least any design quantises ahead), then Q·K at
+    INT8_QK_SPEEDUP and P·V at LOW_PV_SPEEDUP times the rate, or Q and O in 16 bits and K and V in 8
+    read and written, whichever is longer."""
+    bw, rate = r["copy_gbps"] * 1e9, r["matmul_tflops"] * 1e12
+    row = B * H * D                      # elements of one token's Q (or K, V, O) over every head
+    mm = 2.0 * B * H * Lq * Lk * D       # the FLOPs of one of the two matmuls
+    exact = max(2 * mm / rate, act_bytes * row * (2 * Lq + 2 * Lk) / bw)
+    prepass = (act_bytes + 1) * row * Lk / bw
+    main = max(mm / (INT8_QK_SPEEDUP * rate) + mm / (LOW_PV_SPEEDUP * rate),
+               row * (2 * act_bytes * Lq + 2 * Lk) / bw)
+    return 1.0 - (prepass + main) / exact
+
+
+def int8_attention_not_worth_timing(device, B: int, H: int, Lq_bucket: int, Lk_bucket: int, D: int,
+                                    dtype: torch.dtype) -> Optional[str]:
+    """Why the 8-bit attention is not timed for this shape class on ``device`` (None: time it). The
+    bound is taken at the buckets' most tokens (the 8-bit kernel gains with length), since the choice
+    serves the whole class."""
+    if not enabled() or dtype not in (torch.float16, torch.bfloat16):
+        return None
+    r = rates(device, dtype)
+    if r is None:
+        return None
+    bound = int8_attention_gain_bound(B, H, Lq_bucket, Lk_bucket, D, r, torch.finfo(dtype).bits // 8)
+    if bound >= FUSED_MIN_GAIN:
+        return None
+    return (f"at most {100 * max(bound, 0.0):.1f} % faster than 16-bit attention at up to {Lq_bucket} queries and "
+            f"{Lk_bucket} keys by this GPU's {r['matmul_tflops']:.0f} TFLOPS and {r['copy_gbps']:.0f} GB/s "
+            f"(under {100 * FUSED_MIN_GAIN:.0f} %)")

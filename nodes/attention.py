@@ -21,6 +21,7 @@ log = logging.getLogger("TritonKit")
 try:  # a broken Triton must not stop the node from loading: every call then falls back
     from ..kernels import attention as A
     from ..kernels.runtime import cpu_mode, force_triton_on_cpu
+    from ..kernels import roofline
     from . import calibration as calib
     _IMPORT_ERROR = None
 except Exception as _e:  # noqa: BLE001
@@ -189,7 +190,17 @@ def _auto_choice(func, args, kwargs, b, force_cpu):
     Lk = b["k"].shape[-2] if bhld else b["k"].shape[1]
     # (the text only names the shape class in the calibration log; while tracing, Lk may be symbolic)
     what = "" if torch.compiler.is_compiling() else f"attention head {D}, {Lk} keys, {str(q.dtype).replace('torch.', '')}"
-    choice = calib.pick(q.device, key, cands, default, calib.ATTN_PATH_ENV, calib.ATTN_PATHS, what, prefer="comfy")
+
+    def skip() -> dict:
+        # asked in eager code only, when the class is about to be compiled and timed
+        if "int8" not in cands:
+            return {}
+        B, H, Lq = (q.shape[0], q.shape[1], q.shape[2]) if bhld else (q.shape[0], b["heads"], q.shape[1])
+        why = roofline.int8_attention_not_worth_timing(
+            q.device, int(B), int(H), calib.C.pow2_bucket(Lq), calib.C.pow2_bucket(Lk), int(D), q.dtype)
+        return {"int8": why} if why else {}
+    choice = calib.pick(q.device, key, cands, default, calib.ATTN_PATH_ENV, calib.ATTN_PATHS, what, prefer="comfy",
+                        skip=skip)
     if choice == "comfy":
         if not torch.compiler.is_compiling() and calib.C.pending(q.device, key):
             return None, f"auto: ComfyUI's attention ({fname}) while the kernels for head size {D} compile (calibrating)"

@@ -426,6 +426,46 @@ def test_attention_8bit_never_picked_when_not_allowed(store, forced_cpu):
     assert t.asked == [] and N.stats()["served_int8"] == 0
 
 
+def test_attention_times_the_8bit_path_only_where_the_roofline_lets_it_win(store, forced_cpu, monkeypatch):
+    from tritonkit.kernels import roofline as R
+    asked_rates = []
+    r = {}
+
+    def rates(device, dtype):
+        asked_rates.append(dtype)
+        return dict(r)
+    monkeypatch.setattr(R, "rates", rates)
+    ov = N.make_override("auto")
+    q, k, v = (t.to(torch.bfloat16) for t in qkv())
+    # rates scaled to this tiny class: a matmul far faster than memory, so 32 tokens of head 16 are
+    # bound by their bytes, and the 8-bit pre-pass's extra bytes cannot be won back
+    r.update(matmul_tflops=1.0, copy_gbps=1.0)
+    t = FakeTimer({"comfy": 0.5, "exact": 1.0, "int8": 0.1})
+    C.set_timer(t)
+    out = ov(sdpa_backend, q, k, v, 2)
+    torch.testing.assert_close(out, sdpa_backend(q, k, v, 2))
+    assert sorted(t.asked) == ["comfy", "exact"] and asked_rates == [torch.bfloat16]
+    [e] = [e for k_, e in C.stored_choices(CPU).items() if k_.startswith("attention|")]
+    assert e["choice"] == "comfy" and "up to 32 queries and 32 keys" in e["not_timed"]["int8"]
+    # the same class's key still names the 8-bit path (a traced graph asks the same key)
+    assert all(k_.endswith("comfy,exact,int8") for k_ in C.stored_choices(CPU) if k_.startswith("attention|"))
+    # a matmul slow for its memory (80 tokens, bucket 128): compute-bound, the 8-bit path is timed
+    r.update(matmul_tflops=1e-3, copy_gbps=1.0)
+    q2, k2, v2 = (t.to(torch.bfloat16) for t in qkv(L=80, seed=1))
+    t2 = FakeTimer({"comfy": 0.5, "exact": 1.0, "int8": 2.0})
+    C.set_timer(t2)
+    ov(sdpa_backend, q2, k2, v2, 2)
+    assert sorted(t2.asked) == ["comfy", "exact", "int8"]
+    # switched off: timed at every size
+    monkeypatch.setenv(R.ENV, "0")
+    r.update(matmul_tflops=1.0, copy_gbps=1.0)
+    q3, k3, v3 = (t.to(torch.bfloat16) for t in qkv(L=8, seed=2))
+    t3 = FakeTimer({"comfy": 0.5, "exact": 1.0, "int8": 2.0})
+    C.set_timer(t3)
+    ov(sdpa_backend, q3, k3, v3, 2)
+    assert sorted(t3.asked) == ["comfy", "exact", "int8"]
+
+
 def test_attention_default_without_timing(store, forced_cpu):
     """No timer on the CPU: the conservative constants (exact for a short sequence), nothing stored."""
     q, k, v = qkv()

@@ -1,6 +1,6 @@
-"""The roofline bound on the fused fp8-weight linear (kernels/roofline.py): the bound itself, when
-it drops the fused candidate, and, on a GPU, this GPU's rates measured once and read back by a
-second process."""
+"""The roofline bounds on the fused fp8-weight linear and the 8-bit attention (kernels/roofline.py):
+the bounds themselves, when they drop the fused / 8-bit candidate, and, on a GPU, this GPU's rates
+measured once and read back by a second process."""
 from __future__ import annotations
 
 import json
@@ -77,6 +77,55 @@ def test_where_the_fused_candidate_is_timed(monkeypatch):
     monkeypatch.setattr(R, "rates", lambda device, dtype: dict(HOPPER))
     monkeypatch.setenv(R.ENV, "0")
     assert R.fused_not_worth_timing(cuda, 32768, 3072, 3072, torch.bfloat16) is None
+
+
+def attention_times(B, H, Lq, Lk, D, r, act=2):
+    """A 16-bit attention's roofline time and the 8-bit one's best case, written out (seconds)."""
+    bw, f = r["copy_gbps"] * 1e9, r["matmul_tflops"] * 1e12
+    qk = pv = 2 * B * H * Lq * Lk * D
+    sixteen = max((qk + pv) / f, act * B * H * D * (Lq + Lk + Lk + Lq) / bw)   # Q, K, V read, O written
+    prepass = (act + 1) * B * H * D * Lk / bw                                  # K read, int8 K written
+    main = max(qk / (4 * f) + pv / (2 * f), B * H * D * (act * Lq + Lk + Lk + act * Lq) / bw)
+    return sixteen, prepass + main
+
+
+@pytest.mark.parametrize("r", [HOPPER, GA102], ids=["hopper", "ga102"])
+@pytest.mark.parametrize("B,H,D", [(1, 24, 128), (2, 10, 64), (2, 8, 40)])
+def test_int8_attention_bound(r, B, H, D):
+    last = -10.0
+    for L in (64, 256, 512, 1024, 4096, 32768):
+        b = R.int8_attention_gain_bound(B, H, L, L, D, r)
+        exact, int8 = attention_times(B, H, L, L, D, r)
+        assert b == pytest.approx(1 - int8 / exact, rel=1e-9)
+        assert b >= last - 1e-12  # more keys: the FLOPs the int8 rate speeds up take over
+        last = b
+    # long sequences: compute-bound, the int8 rates' gain shows (Q·K at 4x, P·V at 2x: 62.5 %)
+    assert R.int8_attention_gain_bound(B, H, 32768, 32768, D, r) == pytest.approx(0.625, abs=0.01)
+
+
+def test_where_the_8bit_attention_is_timed(monkeypatch):
+    monkeypatch.setattr(R, "rates", lambda device, dtype: dict(HOPPER))
+    cuda = torch.device("cuda")
+    # HunyuanVideo's 256-token text refiner on Hopper rates: bound by bytes, not timed
+    why = R.int8_attention_not_worth_timing(cuda, 1, 24, 256, 256, 128, torch.bfloat16)
+    assert why is not None and "up to 256 queries and 256 keys" in why and "700 TFLOPS" in why
+    # a UNet's cross-attention (4096 queries, 77 keys: bucket 128): not timed either
+    assert R.int8_attention_not_worth_timing(cuda, 2, 10, 4096, 128, 64, torch.float16) is not None
+    # HunyuanVideo's and Flux's joint attention, SDXL's 4096 and 1024 tokens: timed
+    for shape in [(1, 24, 32768, 32768, 128), (1, 24, 8192, 8192, 128), (2, 10, 4096, 4096, 64),
+                  (2, 20, 1024, 1024, 64)]:
+        assert R.int8_attention_not_worth_timing(cuda, *shape, torch.bfloat16) is None, shape
+    # an RTX 3090's matmul is slow for its memory: the refiner's class is compute-bound there, timed
+    monkeypatch.setattr(R, "rates", lambda device, dtype: dict(GA102))
+    assert R.int8_attention_not_worth_timing(cuda, 1, 24, 256, 256, 128, torch.float16) is None
+    # fp32 attention (8-bit is not allowed there anyway), rates unknown, switched off: no bound
+    monkeypatch.setattr(R, "rates", lambda device, dtype: dict(HOPPER))
+    assert R.int8_attention_not_worth_timing(cuda, 1, 24, 256, 256, 128, torch.float32) is None
+    monkeypatch.setenv(R.ENV, "0")
+    assert R.int8_attention_not_worth_timing(cuda, 1, 24, 256, 256, 128, torch.bfloat16) is None
+    monkeypatch.delenv(R.ENV)
+    monkeypatch.setattr(R, "rates", lambda device, dtype: None)
+    assert R.int8_attention_not_worth_timing(cuda, 1, 24, 256, 256, 128, torch.bfloat16) is None
 
 
 def test_no_rates_off_a_gpu_or_under_a_fake_clock():
