@@ -132,6 +132,7 @@ def collect_environment(python_dir: str | None = None) -> dict:
         cc = torch.cuda.get_device_capability(0)
         gpu = {"name": torch.cuda.get_device_name(0), "cc": f"{cc[0]}.{cc[1]}"}
     gpu.update(envmod.gpu_class(cc))
+    gpu["tensor_core_dot"] = _tensor_core_dot(cc) if triton_error is None else None
     rep["gpu"] = gpu
     rep["c_compiler"] = envmod.c_compiler(triton_dir=triton_dir)
     rep["cuda_path"] = os.environ.get("CUDA_PATH")
@@ -140,6 +141,18 @@ def collect_environment(python_dir: str | None = None) -> dict:
     rep["caches"] = {name: {"path": p, "exists": os.path.isdir(p),
                             "bytes": envmod.folder_size(p) if os.path.isdir(p) else 0} for name, p in dirs.items()}
     return rep
+
+
+def _tensor_core_dot(cc) -> bool | None:
+    """Whether the installed Triton runs tl.dot on this GPU's tensor cores (kernels/arch_probe.py:
+    not below sm80 from Triton 3.3 on); None without a GPU."""
+    if cc is None:
+        return None
+    try:
+        from ..kernels.arch_probe import dot_has_tensor_cores
+        return dot_has_tensor_cores(cc[0] * 10 + cc[1])
+    except Exception:  # noqa: BLE001 - the report must not fail on it
+        return None
 
 
 def full_report(device: str = "auto", n: int = DEFAULT_N, python_dir: str | None = None) -> dict:
@@ -179,6 +192,10 @@ def format_report(rep: dict) -> str:
     lines.append(f"GPU: {g.get('name') or 'none'}" + (f" (sm{g['cc'].replace('.', '')})" if g.get("cc") else "")
                  + f" - {g['label']}; fp8 native: {'yes' if g['fp8_native'] else 'no'}; "
                  f"bf16: {'yes' if g['bf16'] else 'no'}; Triton: {g['triton']}")
+    if g.get("tensor_core_dot") is False:
+        lines.append(f"  tl.dot on this GPU: FMA units, no tensor cores (Triton {tr.get('version')}; Triton 3.3+ "
+                     "dropped MMA below sm80): the pack's attention and fused fp8 linear stay off, ComfyUI's "
+                     "paths serve it; the fp8 decode still runs")
     c = rep["c_compiler"]
     lines.append(f"C compiler: {c['kind'] or 'none'}" + (f" ({c['path']})" if c.get("path") else "")
                  + (f" - {c['note']}" if c.get("note") else ""))

@@ -16,7 +16,8 @@ Decode in the loop, per activation dtype (all bit operations, no fp8 type, sm75.
 * fp16, e4m3fn: ``((b & 0x7F) << 7) | ((b & 0x80) << 8)`` read as fp16 is exactly the value
   / 256 (subnormals included); the 256 goes into the epilogue scale. e5m2: ``b << 8``.
 * bf16: the fp32 bits of the value (see kernels/fp8.py), top half. sm75 has no bf16 MMA: there
-  the op falls back to decode + torch matmul for bf16 activations.
+  the op falls back to decode + torch matmul for bf16 activations, and for every dtype where the
+  installed Triton has no tensor-core tl.dot below sm80 (3.3 and later: kernels/arch_probe.py).
 
 Tuned on the user's GPU per (M bucket, N, K, formats) among the M bucket's configs, once per GPU
 (kernels/tuning.py): configs that do not fit its shared memory are not picked. Exposed as the custom op
@@ -32,6 +33,7 @@ import triton.language as tl
 import triton.runtime.errors
 
 from . import tuning
+from .arch_probe import dot_has_tensor_cores
 from .device import capability
 from .runtime import cdiv, eager_plain, next_pow2
 from .runtime import launch as launch_kernel
@@ -191,10 +193,12 @@ def _cpu_blocks(M, N, K):
 
 
 def cuda_supports(act_dtype: torch.dtype, device) -> bool:
-    """bf16 MMA needs sm80; fp16 works from sm75."""
-    if act_dtype != torch.bfloat16:
-        return True
-    return capability(device) >= 80
+    """bf16 MMA needs sm80; fp16 works from sm75 where this Triton's tl.dot has tensor cores there
+    (Triton 3.3+ runs it on FMA units below sm80: kernels/arch_probe.py)."""
+    cc = capability(device)
+    if cc < 80 and dot_has_tensor_cores(cc) is False:
+        return False
+    return act_dtype != torch.bfloat16 or cc >= 80
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,

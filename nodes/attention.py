@@ -21,7 +21,7 @@ log = logging.getLogger("TritonKit")
 try:  # a broken Triton must not stop the node from loading: every call then falls back
     from ..kernels import attention as A
     from ..kernels.runtime import cpu_mode, force_triton_on_cpu
-    from ..kernels import roofline
+    from ..kernels import arch_probe, roofline
     from . import calibration as calib
     _IMPORT_ERROR = None
 except Exception as _e:  # noqa: BLE001
@@ -130,6 +130,9 @@ def plan(mode: str, b: dict, force_cpu: bool, func_name: str | None = None) -> t
     if not isinstance(heads, (int, torch.SymInt)):
         return None, "heads not given as an int"
     cc = _arch(q.device)
+    no_tc = arch_probe.no_tensor_cores_reason(cc) if cc is not None else None
+    if no_tc is not None:
+        return None, no_tc
     if mode == "8-bit":
         if not low_precision_ok:
             return None, "low_precision_attention=False in 8-bit mode"
@@ -261,6 +264,10 @@ def describe(mode: str, model) -> str:
         cc = _arch(dev)
         lines.append(f"device: {torch.cuda.get_device_name(dev)} (sm{cc}"
                      + (f", forced by {ARCH_ENV}" if arch_forced() else "") + ")")
+        no_tc = arch_probe.no_tensor_cores_reason(cc)
+        if no_tc is not None:
+            lines.append(f"{no_tc}: every call uses ComfyUI's attention")
+            return "\n".join(lines)
     if mode == "8-bit" and not A.int8_supported(cc):
         lines.append("8-bit needs sm80+: calls use ComfyUI's attention; choose exact")
     elif mode == "8-bit":
@@ -292,6 +299,8 @@ def patch_model(model, mode: str):
     dev = getattr(model, "load_device", None)
     if dev is not None and torch.device(dev).type == "cuda" and torch.cuda.is_available():
         capability(dev)  # looked up here, in eager code: a compiled model's traced calls read it as a constant
+        if A is not None:
+            arch_probe.dot_has_tensor_cores(_arch(torch.device(dev)))  # likewise (a compile, below sm80 only)
     clone = model.clone()
     topts = clone.model_options.setdefault("transformer_options", {})
     topts["optimized_attention_override"] = make_override(mode)

@@ -528,6 +528,13 @@ def plan_model(model, mode: str = "auto") -> Plan:
     native_fp8_mm = arch is not None and arch >= 89 and fast
     compile_native = mode == "auto" and device.type == "cuda" and arch is not None and arch >= 89
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+    no_tc = None
+    if arch is not None and arch < 80:  # a real sm75, or one simulated by TRITONKIT_FORCE_ARCH
+        try:
+            from ..kernels.arch_probe import no_tensor_cores_reason
+            no_tc = no_tensor_cores_reason(arch)
+        except ImportError:  # no usable Triton: the layers' own fallbacks say so
+            pass
     op_params = set()
     for name, m in dm.named_modules():
         if not isinstance(m, comfy.ops.CastWeightBiasOp):
@@ -552,7 +559,7 @@ def plan_model(model, mode: str = "auto") -> Plan:
                 isinstance(m, comfy.ops.fp8_ops.Linear) or getattr(m, "scale_weight", None) is not None):
             plan.skipped.setdefault("native fp8 matmul (torch._scaled_mm) kept", []).append(name)
             continue
-        fused = kind == "linear" and mode in ("auto", "fused-linear")
+        fused = kind == "linear" and mode in ("auto", "fused-linear") and no_tc is None
         limit = None
         if fused and mode == "auto" and device.type == "cuda":
             fused = w.shape[0] >= FUSED_MIN_FEATURES_PER_SM * sm_count
@@ -592,7 +599,9 @@ def plan_model(model, mode: str = "auto") -> Plan:
         if any(c.traced_dequant for c in plan.layers.values()):
             plan.notes.append("compiled graphs dequantize the QuantizedTensor layers in Inductor's own kernel, rounded as "
                               f"ComfyUI rounds, not through comfy-kitchen's op ({TRACED_DEQUANT_ENV}=0 keeps the op)")
-    if arch == 75:
+    if no_tc is not None and plan.layers:
+        plan.notes.append(f"{no_tc}: no fused linear, the layers decode then use torch's matmul")
+    elif arch == 75:
         plan.notes.append("sm75 has no bf16 tensor cores: the fused linear runs for fp16 activations only, "
                           "bf16 layers decode then use torch's matmul")
     return plan

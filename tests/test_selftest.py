@@ -45,6 +45,19 @@ def _report_lines(extra: dict) -> list:
     return selftest.format_report(rep).splitlines()
 
 
+def test_report_says_where_tl_dot_has_no_tensor_cores(monkeypatch):
+    # a Turing card under Triton 3.3+: the report says the pack's kernels stay off (kernels/arch_probe.py)
+    from tritonkit.kernels import arch_probe
+    monkeypatch.setattr(arch_probe, "_FOUND", {75: False})
+    assert selftest._tensor_core_dot((7, 5)) is False and selftest._tensor_core_dot((8, 6)) is True
+    assert selftest._tensor_core_dot(None) is None
+    gpu = {"name": "NVIDIA GeForce RTX 2080 Ti", "cc": "7.5", **env.gpu_class((7, 5)), "tensor_core_dot": False}
+    [line] = [ln for ln in _report_lines({"gpu": gpu}) if "tl.dot on this GPU" in ln]
+    assert "no tensor cores" in line and "stay off" in line
+    gpu["tensor_core_dot"] = True
+    assert not [ln for ln in _report_lines({"gpu": gpu}) if "tl.dot on this GPU" in ln]
+
+
 def test_selftest_calls_from_several_threads_all_pass_and_keep_the_descriptors():
     # the node (ComfyUI's execution thread) and the Triton tab's route (an executor thread) can
     # start a self-test together: each must pass, and stdout/stderr must point where they did

@@ -307,6 +307,7 @@ function factsTable(env) {
   add("GPU", `${g.name || "none"}${g.cc ? ` (sm${String(g.cc).replace(".", "")})` : ""} · ${g.label || g.class || "?"}`);
   add("fp8 native", g.fp8_native ? "yes" : "no (this pack’s fp8 fallback applies)");
   if (!tr.import_error) add("Triton support", g.triton);
+  if (g.tensor_core_dot === false) add("tl.dot", "FMA units, no tensor cores (Triton 3.3+ below sm80): the pack’s attention and fused linear stay off");
   const c = env.c_compiler || {};
   add("C compiler", c.kind ? `${c.kind}${c.path ? ` (${c.path})` : ""}${c.note ? ` — ${c.note}` : ""}` : (c.note || "none"));
   return h("table", { class: "tritonkit-facts", "data-tk": "facts" }, rows);
