@@ -1,5 +1,5 @@
-"""What this GPU's matmul and memory sustain, measured once, and the bounds that puts on the fused
-fp8-weight linear (kernels/fp8_linear.py) and the 8-bit attention before they are compiled and timed.
+"""What this GPU's matmul and memory sustain, measured once, and the bounds they put on the fused
+fp8-weight linear (kernels/fp8_linear.py) and the 8-bit attention before those are compiled and timed.
 
 The calibration of an fp8 layer (nodes/fp8_fallback.py) times three paths: ComfyUI's cast + matmul,
 our decode + cuBLAS's matmul, and the fused linear. The fused linear differs from decode + matmul in
@@ -25,10 +25,10 @@ The same rates bound the 8-bit attention (kernels/attention.py) against the 16-b
 SDPA, the exact kernel) before its block configs are compiled. At a few hundred keys
 (HunyuanVideo's 256-token text refiner, a UNet's 77-key cross-attention) a 16-bit attention is bound
 by its memory traffic, not its FLOPs, and the 8-bit one moves more bytes (its pre-pass reads K and
-writes it again): no int8 rate wins that back. Its candidates were 7 of a native HunyuanVideo cold step's 23
-attention compiles, for a class of 0.01-0.03 ms a call where the 8-bit kernel timed 1.76-2.40x the
-exact one in all 8 recorded H100 and H200 calibrations (2026-11). Where a GPU's matmul is slow for its
-memory (an RTX 3090's rates put that class at 33 %) the bound lets it be timed.
+writes it again): no int8 rate wins that back. Its candidates were 7 of a native HunyuanVideo cold
+step's 23 attention compiles, for a class of 0.01-0.03 ms a call where the 8-bit kernel timed
+1.76-2.40x the exact one in all 8 recorded H100 and H200 calibrations (2026-11). Where a GPU's matmul
+is slow for its memory (an RTX 3090's rates put that class at 33 %) the bound lets it be timed.
 
 ``TRITONKIT_FUSED_BOUND=0`` times the fused linear and the 8-bit attention at every size, as before.
 """
@@ -106,7 +106,8 @@ def rates(device, dtype: torch.dtype) -> Optional[dict]:
             r = _measure(dev, dtype)
         except Exception as e:  # noqa: BLE001 - e.g. out of memory beside a loaded model
             calibration.log_once("rates:" + str(k), "TritonKit: could not measure this GPU's matmul and copy rates "
-                                 "(%s: %s); the fused fp8 linear and the 8-bit attention are timed at every size", type(e).__name__, e)
+                                 "(%s: %s); the fused fp8 linear and the 8-bit attention are timed at every size",
+                                 type(e).__name__, e)
             return None
         if not _valid(r):
             return None

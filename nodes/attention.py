@@ -130,7 +130,7 @@ def plan(mode: str, b: dict, force_cpu: bool, func_name: str | None = None) -> t
     if not isinstance(heads, (int, torch.SymInt)):
         return None, "heads not given as an int"
     cc = _arch(q.device)
-    no_tc = arch_probe.no_tensor_cores_reason(cc) if cc is not None else None
+    no_tc = arch_probe.no_tensor_cores_reason(cc) if cc is not None and cc < 80 else None
     if no_tc is not None:
         return None, no_tc
     if mode == "8-bit":
