@@ -20,7 +20,9 @@ runs and restarts read the choice and time nothing.
   compile (see :func:`choose`); the first call after they are ready times them. So the compiles of
   every shape class a first step meets overlap each other and the model's own work. :func:`synchronous` (a compiled model's eager
   first call), ``TRITONKIT_CALIBRATION_DEFER=0`` or a Triton without asynchronous compiles time at
-  the first call instead (after compiling the candidates all at once).
+  the first call instead (after compiling the candidates all at once). A stored choice whose kernels
+  are not in Triton's cache (cleared by hand) compiles the same way, in the background, with the
+  same paths run meanwhile (:func:`_stored`).
 * Under ``torch.compile`` tracing nothing is timed: :func:`choose` returns the stored choice or
   the default (the nodes make the first call of a compiled model eager so it gets calibrated).
 * Timing: CUDA events, a few warm-ups, the median of several repetitions taken in interleaved
@@ -91,10 +93,18 @@ _recording: Optional[set] = None
 # calibrations' include the autotunes run inside them, not the background compiles before them);
 # prepared: shape classes whose candidates were compiled ahead of their timing (kernels/prepare.py);
 # deferred_calls: calls that ran an interim path while those compiles ran (see choose)
+# warmed: stored choices whose kernels compiled in the background at their first call (see _stored)
 COUNTERS = {"calibrations": 0, "timed_runs": 0, "autotunes": 0, "loads": 0, "calibration_s": 0.0, "autotune_s": 0.0,
-            "prepared": 0, "deferred_calls": 0, "stalled_timings": 0}
+            "prepared": 0, "deferred_calls": 0, "stalled_timings": 0, "warmed": 0}
 # (str(device), key) -> kernels.prepare.Prepared: shape classes whose candidates compile in the background
 _PENDING: dict = {}
+# (str(device), key) of the choices whose kernels are loaded in this process (timed here, or warmed:
+# see _stored), and (str(device), key) -> (Prepared, the path run meanwhile) for those still compiling
+_READY: set = set()
+_WARMING: dict = {}
+# How long a stored choice's first call waits for its kernels before it runs another path meanwhile:
+# kernels in Triton's cache load in milliseconds, a compile takes from a few tenths of a second up
+WARM_WAIT_S = 0.05
 DEFER_ENV = "TRITONKIT_CALIBRATION_DEFER"
 _defer_override: Optional[bool] = None
 # set inside synchronous(): a shape class is timed at its first call (a compiled model's eager first call)
@@ -315,6 +325,8 @@ def reset() -> None:
         _CHOICES.clear()
         _TRACE_CHOICES.clear()
         _PENDING.clear()
+        _READY.clear()
+        _WARMING.clear()
         _logged.clear()
         for k in COUNTERS:
             COUNTERS[k] = 0.0 if k.endswith("_s") else 0
@@ -504,9 +516,13 @@ class recording:
 
 
 def pending(device, key: str) -> bool:
-    """Whether ``key``'s candidates are compiling in the background, its calls on an interim path
-    (asked per attention call that takes ComfyUI's path: nothing pending is one dict check)."""
-    return bool(_PENDING) and (str(torch.device(device)), key) in _PENDING
+    """Whether ``key``'s candidates, or its stored choice's kernels, are compiling in the background,
+    its calls on an interim path (asked per attention call that takes ComfyUI's path: nothing pending
+    is two dict checks)."""
+    if not _PENDING and not _WARMING:
+        return False
+    k = (str(torch.device(device)), key)
+    return k in _PENDING or k in _WARMING
 
 
 def lookup(device, key: str) -> Optional[str]:
@@ -568,14 +584,14 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
     dkey = str(torch.device(device))
     hit = _CHOICES.get((dkey, key))
     if hit in candidates:
-        return hit
+        return hit if (dkey, key) in _READY else _stored(dkey, key, hit, candidates, default, prefer, interim)
     if not timing_enabled() or not can_time(device):
         return default
     with _lock:
         st = store_for(device)
         hit = _CHOICES.get((dkey, key))
         if hit in candidates:
-            return hit
+            return hit if (dkey, key) in _READY else _stored(dkey, key, hit, candidates, default, prefer, interim)
         skipped = {n: why for n, why in (skip() if skip is not None else {}).items()
                    if n in candidates and n != default}
         if skipped:
@@ -621,6 +637,7 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         COUNTERS["calibrations"] += 1
         COUNTERS["calibration_s"] += time.perf_counter() - t0
         _CHOICES[(dkey, key)] = choice
+        _READY.add((dkey, key))  # its candidates just ran: their kernels are loaded
         st.put(key, entry)
         log.info("TritonKit calibration on %s: %s -> %s (%s; %.1f s, stored in %s)", st.env.get("gpu"), what or key,
                  choice, "; ".join([", ".join(f"{k} {v:.3f} ms" for k, v in timings.items()) or "no candidate ran"]
@@ -670,6 +687,50 @@ def _prepare_first(dkey: str, key: str, candidates: dict, now: str,
     _PENDING.pop((dkey, key), None)
     pend.wait()  # done, or about to be timed: every kernel in its cache before the timed runs launch it
     return False
+
+
+def _stored(dkey: str, key: str, hit: str, candidates: dict, default: str, prefer: Optional[str],
+            interim: Optional[str]) -> str:
+    """The first calls in this process of a stored choice ``hit``, whose kernels may be missing from
+    Triton's cache: it was cleared, the calibration was not (by hand, or a cache of another folder).
+    Those kernels then compiled one after another as the model launched them: in a HunyuanVideo
+    step that compiled the Triton Compile Model's blocks, the eager glue's fused-linear configs and
+    decode kernels took 3.4-3.8 s (H100, H200, 2026-11-25). Deferring (:func:`deferring`), they
+    compile in the background (kernels/prepare.py) and the calls run what a new class runs
+    meanwhile (``prefer``, else ``interim``, else ``default``: see :func:`choose`) until they are
+    ready. Kernels that Triton's cache holds load within WARM_WAIT_S, and the choice runs at once,
+    as it did before."""
+    k = (dkey, key)
+    from . import prepare
+    with _lock:
+        if k in _READY:
+            return hit
+        warming = _WARMING.get(k)
+        if warming is not None:
+            pend, now = warming
+            if not pend.done() and deferring():
+                COUNTERS["deferred_calls"] += 1
+                return now
+            del _WARMING[k]  # ready (or a call inside synchronous(): it waits for them)
+        else:
+            now = prefer if prefer in candidates else interim if interim in candidates else default
+            if hit == prefer or now == hit or not deferring() or not prepare.available():
+                _READY.add(k)  # ComfyUI's path (nothing of ours), or compiled at its first launch as before
+                return hit
+            pend = prepare.prepare({hit: candidates[hit]})
+            if not pend.settle(WARM_WAIT_S):
+                if now != prefer:  # the interim's own kernels (the fp8 decode: one for every layer), waited for
+                    prepare.prepare({now: candidates[now]}).wait()
+                _WARMING[k] = (pend, now)
+                COUNTERS["warmed"] += 1
+                COUNTERS["deferred_calls"] += 1
+                log_once("warming", "TritonKit calibration: a stored choice's kernels are not in Triton's cache; they "
+                         "compile in the background, and its calls run ComfyUI's path (or another with nothing to "
+                         "compile) until they are ready", level=logging.INFO)
+                return now
+        pend.wait()  # every kernel in its JIT cache before this thread launches it
+        _READY.add(k)
+        return hit
 
 
 def remember(device, key: str, value: dict) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
@@ -118,6 +119,14 @@ class Prepared:
     def done(self) -> bool:
         """Every compile finished (succeeded or failed: a failed one fails the candidate's timed run)."""
         return all(f.done() for f in self.futures)
+
+    def settle(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds for every compile to finish (kernels that Triton's cache
+        holds load in milliseconds); whether they all did. Nothing is finalized."""
+        deadline = time.monotonic() + timeout
+        while not self.done() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return self.done()
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Waits for every compile, then :meth:`finalize`."""

@@ -269,6 +269,55 @@ def test_synchronous_calibration_compiles_first_then_times_at_the_first_call(sto
     assert C.choose(CPU, "ks3", cands, "int8", prefer="comfy") == "exact" and prepared == []
 
 
+@needs_async
+def test_a_stored_choice_missing_from_tritons_cache_compiles_in_the_background(store, monkeypatch):
+    """A restart with the calibration stored but Triton's cache cleared: the stored choice's first call
+    compiles its kernels in the background and runs ComfyUI's path (or the interim) until they are
+    ready; nothing is timed again. Kernels that Triton's cache holds (settle() answers at once) run the
+    stored choice at once, as before; so does a call timed at once (synchronous())."""
+    t = FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0, "decode": 2.0, "fused": 1.0})
+    C.set_timer(t)
+    assert C.choose(CPU, "ka", CANDS, "int8", prefer="comfy") == "exact"  # timed in a first process
+    fp8 = {"decode": noop, "fused": noop}
+    assert C.choose(CPU, "kf", fp8, "fused", prefer="torch", interim="decode") == "fused"
+    asked = len(t.asked)
+    C.reset()  # a new process: the choices come from the file
+    C.set_deferral(True)
+    prepared = []
+    cands = {n: (lambda n=n: prepared.append((n, P.preparing()))) for n in CANDS}
+    state = {"cached": False, "done": False}
+    monkeypatch.setattr(P.Prepared, "settle", lambda self, timeout: state["cached"])
+    monkeypatch.setattr(P.Prepared, "done", lambda self: state["done"])
+    assert C.choose(CPU, "ka", cands, "int8", prefer="comfy") == "comfy"
+    assert prepared == [("exact", True)]  # the stored choice's kernels only, started in the background
+    assert C.pending(CPU, "ka") and C.COUNTERS["warmed"] == 1 and C.COUNTERS["deferred_calls"] == 1
+    assert C.choose(CPU, "ka", cands, "int8", prefer="comfy") == "comfy" and len(prepared) == 1
+    state["done"] = True
+    assert C.choose(CPU, "ka", cands, "int8", prefer="comfy") == "exact" and not C.pending(CPU, "ka")
+    assert C.choose(CPU, "ka", cands, "int8", prefer="comfy") == "exact" and len(prepared) == 1
+    # below sm89 (no ComfyUI path): the interim's kernel is waited for, the stored fused linear compiles
+    state["done"] = False
+    fp8 = {n: (lambda n=n: prepared.append((n, P.preparing()))) for n in ("decode", "fused")}
+    prepared.clear()
+    assert C.choose(CPU, "kf", fp8, "fused", prefer="torch", interim="decode") == "decode"
+    assert prepared == [("fused", True), ("decode", True)]
+    with C.synchronous():  # a compiled model's eager first call waits for them
+        assert C.choose(CPU, "kf", fp8, "fused", prefer="torch", interim="decode") == "fused"
+    assert not C._WARMING and len(t.asked) == asked  # nothing timed again
+    # kernels in Triton's cache: the stored choice at its first call
+    C.reset()
+    C.set_deferral(True)
+    state["cached"] = True
+    prepared.clear()
+    assert C.choose(CPU, "ka", cands, "int8", prefer="comfy") == "exact"
+    assert prepared == [("exact", True)] and not C.pending(CPU, "ka") and C.COUNTERS["warmed"] == 0
+    # not deferring (TRITONKIT_CALIBRATION_DEFER=0): compiled at its first launch, nothing prepared
+    C.reset()
+    monkeypatch.setenv(C.DEFER_ENV, "0")
+    prepared.clear()
+    assert C.choose(CPU, "ka", cands, "int8", prefer="comfy") == "exact" and prepared == []
+
+
 def test_default_without_timing(store, monkeypatch):
     # CPU without an injected timer: can't be timed -> the default, nothing written
     assert not C.can_time(CPU)
@@ -680,6 +729,27 @@ def test_route_lists_the_stored_choices(store, monkeypatch):
 
 # ----------------------------------------------------------------------------- on a GPU
 
+def _attention_process(seed: int, L: int, H: int, body: str, env: dict) -> dict:
+    """Runs ``body`` in a new process on the GPU, after a set-up that gives it ``call()``: the Attention
+    node's ``auto`` on bf16 (1, L, H·128) q, k, v drawn from ``seed`` (``sdpa_backend`` as ComfyUI's
+    function), and ``N``, ``C``; returns the JSON ``body`` prints last."""
+    script = textwrap.dedent(f"""
+        import json, sys, types, torch
+        pkg = types.ModuleType("tritonkit"); pkg.__path__ = [{str(REPO)!r}]; sys.modules["tritonkit"] = pkg
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_calibration import sdpa_backend
+        from tritonkit.nodes import attention as N
+        from tritonkit.kernels import calibration as C
+        dev = torch.device("cuda")
+        g = torch.Generator(device=dev).manual_seed({seed})
+        q, k, v = (torch.randn(1, {L}, {H} * 128, device=dev, generator=g, dtype=torch.bfloat16) for _ in range(3))
+        call = lambda: N.make_override("auto")(lambda *a, **kw: sdpa_backend(*a, **kw), q, k, v, {H})
+    """) + textwrap.dedent(body)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.gpu
 def test_gpu_calibration_is_timed_once_and_reused_by_a_second_process(store):
     dev = torch.device("cuda")
@@ -694,26 +764,46 @@ def test_gpu_calibration_is_timed_once_and_reused_by_a_second_process(store):
     [entry] = [e for key, e in C.stored_choices(dev).items() if key.startswith("attention|")]
     assert set(entry["timings_ms"]) == {"comfy", "exact", "int8"} and all(t > 0 for t in entry["timings_ms"].values())
     assert C.COUNTERS["calibrations"] == 1
-    script = textwrap.dedent(f"""
-        import json, sys, types, torch
-        pkg = types.ModuleType("tritonkit"); pkg.__path__ = [{str(REPO)!r}]; sys.modules["tritonkit"] = pkg
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_calibration import sdpa_backend
-        from tritonkit.nodes import attention as N
-        from tritonkit.kernels import calibration as C
-        dev = torch.device("cuda")
-        g = torch.Generator(device=dev).manual_seed(0)
-        q, k, v = (torch.randn(1, 4096, 24 * 128, device=dev, generator=g, dtype=torch.bfloat16) for _ in range(3))
-        def attention_pytorch(*a, **kw):
-            return sdpa_backend(*a, **kw)
-        N.make_override("auto")(attention_pytorch, q, k, v, 24)
+    counters = _attention_process(0, 4096, 24, """
+        call()
         print(json.dumps(C.COUNTERS))
-    """)
-    r = subprocess.run([sys.executable, "-c", script], env={**os.environ, C.ENV_DIR: str(store)},
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    counters = json.loads(r.stdout.strip().splitlines()[-1])
+    """, {**os.environ, C.ENV_DIR: str(store)})
     assert counters["calibrations"] == 0 and counters["timed_runs"] == 0 and counters["autotunes"] == 0, counters
+
+
+@pytest.mark.gpu
+def test_gpu_stored_choice_with_an_empty_triton_cache_compiles_in_the_background(store, tmp_path):
+    """A new process with the calibration stored (our exact kernel chosen) but an empty Triton cache:
+    the first call gives ComfyUI's result while the kernel compiles in the background, nothing is
+    timed, and once it is ready the calls run the exact kernel; every output is right."""
+    if not P.available():
+        pytest.skip("this Triton has no asynchronous compile mode: a stored choice compiles at its first launch")
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(2)
+    q, k, v = (torch.randn(1, 2048, 12 * 128, device=dev, generator=g, dtype=torch.bfloat16) for _ in range(3))
+    N.make_override("auto")(lambda *a, **kw: sdpa_backend(*a, **kw), q, k, v, 12)
+    path = store_file(store)
+    data = json.loads(path.read_text())
+    [key] = [key for key in data["entries"] if key.startswith("attention|")]
+    data["entries"][key]["choice"] = "exact"  # as a first process that measured it fastest would store it
+    path.write_text(json.dumps(data))
+    env = {**os.environ, C.ENV_DIR: str(store), "TRITON_CACHE_DIR": str(tmp_path / "empty-triton-cache")}
+    env.pop(C.DEFER_ENV, None)  # (the GPU tests' fixture sets it for this process) the user's default: deferring
+    res = _attention_process(2, 2048, 12, """
+        ref = sdpa_backend(q.double(), k.double(), v.double(), 12).float()
+        cos = lambda o: torch.nn.functional.cosine_similarity(o.float().flatten(), ref.flatten(), dim=0).item()
+        out = [cos(call())]
+        first = dict(N.stats(), warming=len(C._WARMING))
+        for pend, _ in list(C._WARMING.values()):
+            pend.wait(timeout=600)
+        out += [cos(call()), cos(call())]
+        print(json.dumps({"first": first, "then": N.stats(), "cos": out, "counters": C.COUNTERS}))
+    """, env)
+    assert res["first"]["fallback"] == 1 and res["first"]["warming"] == 1, res  # ComfyUI's path meanwhile
+    assert res["then"]["served_exact"] == 2, res  # the stored choice once its kernel is ready
+    assert res["counters"]["warmed"] == 1 and res["counters"]["calibrations"] == 0, res
+    assert res["counters"]["timed_runs"] == 0 and res["counters"]["autotunes"] == 0, res
+    assert all(c > 0.9999 for c in res["cos"]), res
 
 
 @pytest.mark.gpu
