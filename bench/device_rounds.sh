@@ -10,6 +10,11 @@
 #            second size, and a warm restart in a new process (4 steps; REG_PLAN, REG_PRESET, REG_STEPS
 #            replace the plan, the preset and the steps; TK_BENCH_TRACE_COMPILES=1 prints which Triton
 #            compiles of the cold and the restarted process missed Triton's cache)
+#   STORED_S issue 13's stored case: HunyuanVideo natively through the Triton Compile Model, the calibration stored
+#            by a first process, each later process on empty compile caches (Triton's included), interleaved
+#            A B A B (STORED_ORDER): A = TRITONKIT_CALIBRATION_DEFER=0 (the stored choices' kernels compile as the
+#            eager glue launches them, one after another), B = the default (they compile in the background and
+#            the glue runs ComfyUI's path meanwhile); each process at most STORED_S seconds, traced
 #   FLUX_ARGS / HUN_ARGS  more bench/workflow.py options for those parts (e.g. --warm-rounds for compiled rounds)
 #   SMI_MS   sample the GPU's clocks, power and temperature every SMI_MS ms into $OUT/smi.csv while the call runs
 #            (`python3 bench/first_steps.py --smi $OUT/smi.csv <workflow.json>` gives each run's medians)
@@ -18,6 +23,7 @@
 # .device/comfyui-0.8.0.tar.gz (and .device/whl-attn for comfy-kitchen 0.2.40 in the attention bench, if the
 # 64 MiB a call carries allow). On the GPU machine, from the repository root:
 #   TESTS_S=200 FLUX_S=150 BENCH_S=120 HUN_S=230 bash bench/device_rounds.sh
+#   STORED_S=150 bash bench/device_rounds.sh
 set -o pipefail
 cd "$(dirname "$0")/.."
 O="${OUT:-artifacts/rounds}"
@@ -87,6 +93,18 @@ for r in json.load(open(sys.argv[1]))["runs"]:
         print(r["run"], part, json.dumps(rec.get("triton_compiles"))[:1500])
 PY
   fi
+fi
+if [ "${STORED_S:-0}" != 0 ]; then
+  for r in P0 ${STORED_ORDER:-A1 B1 A2 B2}; do
+    case $r in A*) defer=0 ;; *) defer=1 ;; esac
+    OUT="$O/stored_$r" TK_BENCH_TRACE_COMPILES=1 TRITONKIT_CALIBRATION_DEFER=$defer timeout "$STORED_S" \
+      bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-hunyuan-scaled --steps 5 --no-second-res \
+      --compile-cache "/tmp/tk_cc_stored_$r" --calibration-dir /tmp/tk_cal_stored \
+      --plan hunyuan-scaled:both:regional > "$O/stored_$r.log" 2>&1
+    echo "stored $r (defer $defer) rc=$?"
+    grep -E 'TritonKit compile:' "$O/stored_$r.log" | cut -c1-300 | tail -2
+    python3 bench/first_steps.py "$O/stored_$r/workflow.json" | cut -c1-700 | tail -1
+  done
 fi
 [ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
 rm -f "$O"/*/nvidia-smi.txt "$O"/*/log.txt
