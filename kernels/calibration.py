@@ -103,8 +103,11 @@ _PENDING: dict = {}
 _READY: set = set()
 _WARMING: dict = {}
 # How long a stored choice's first call waits for its kernels before it runs another path meanwhile:
-# kernels in Triton's cache load in milliseconds, a compile takes from a few tenths of a second up
+# kernels in Triton's cache load in milliseconds, a compile takes from a few tenths of a second up.
+# Once one has not loaded in that time (Triton's cache was cleared), the process waits no more: a
+# HunyuanVideo step has a few dozen stored choices
 WARM_WAIT_S = 0.05
+_cold_cache_seen = False
 DEFER_ENV = "TRITONKIT_CALIBRATION_DEFER"
 _defer_override: Optional[bool] = None
 # set inside synchronous(): a shape class is timed at its first call (a compiled model's eager first call)
@@ -319,6 +322,7 @@ def store_for(device) -> Store:
 
 def reset() -> None:
     """Forget every loaded store and choice in memory (tests; a changed folder)."""
+    global _cold_cache_seen
     with _lock:
         _stores.clear()
         _device_env.clear()
@@ -328,6 +332,7 @@ def reset() -> None:
         _READY.clear()
         _WARMING.clear()
         _logged.clear()
+        _cold_cache_seen = False
         for k in COUNTERS:
             COUNTERS[k] = 0.0 if k.endswith("_s") else 0
 
@@ -699,7 +704,8 @@ def _stored(dkey: str, key: str, hit: str, candidates: dict, default: str, prefe
     compile in the background (kernels/prepare.py) and the calls run what a new class runs
     meanwhile (``prefer``, else ``interim``, else ``default``: see :func:`choose`) until they are
     ready. Kernels that Triton's cache holds load within WARM_WAIT_S, and the choice runs at once,
-    as it did before."""
+    as it did before (until one has not: then none is waited for)."""
+    global _cold_cache_seen
     k = (dkey, key)
     from . import prepare
     with _lock:
@@ -718,7 +724,8 @@ def _stored(dkey: str, key: str, hit: str, candidates: dict, default: str, prefe
                 _READY.add(k)  # ComfyUI's path (nothing of ours), or compiled at its first launch as before
                 return hit
             pend = prepare.prepare({hit: candidates[hit]})
-            if not pend.settle(WARM_WAIT_S):
+            if not pend.settle(0.0 if _cold_cache_seen else WARM_WAIT_S):
+                _cold_cache_seen = True
                 if now != prefer:  # the interim's own kernels (the fp8 decode: one for every layer), waited for
                     prepare.prepare({now: candidates[now]}).wait()
                 _WARMING[k] = (pend, now)

@@ -286,7 +286,8 @@ def test_a_stored_choice_missing_from_tritons_cache_compiles_in_the_background(s
     prepared = []
     cands = {n: (lambda n=n: prepared.append((n, P.preparing()))) for n in CANDS}
     state = {"cached": False, "done": False}
-    monkeypatch.setattr(P.Prepared, "settle", lambda self, timeout: state["cached"])
+    waits = []
+    monkeypatch.setattr(P.Prepared, "settle", lambda self, timeout: waits.append(timeout) or state["cached"])
     monkeypatch.setattr(P.Prepared, "done", lambda self: state["done"])
     assert C.choose(CPU, "ka", cands, "int8", prefer="comfy") == "comfy"
     assert prepared == [("exact", True)]  # the stored choice's kernels only, started in the background
@@ -301,6 +302,7 @@ def test_a_stored_choice_missing_from_tritons_cache_compiles_in_the_background(s
     prepared.clear()
     assert C.choose(CPU, "kf", fp8, "fused", prefer="torch", interim="decode") == "decode"
     assert prepared == [("fused", True), ("decode", True)]
+    assert waits == [C.WARM_WAIT_S, 0.0]  # once one was not in Triton's cache, the others are not waited for
     with C.synchronous():  # a compiled model's eager first call waits for them
         assert C.choose(CPU, "kf", fp8, "fused", prefer="torch", interim="decode") == "fused"
     assert not C._WARMING and len(t.asked) == asked  # nothing timed again
@@ -311,6 +313,7 @@ def test_a_stored_choice_missing_from_tritons_cache_compiles_in_the_background(s
     prepared.clear()
     assert C.choose(CPU, "ka", cands, "int8", prefer="comfy") == "exact"
     assert prepared == [("exact", True)] and not C.pending(CPU, "ka") and C.COUNTERS["warmed"] == 0
+    assert waits[-1] == C.WARM_WAIT_S
     # not deferring (TRITONKIT_CALIBRATION_DEFER=0): compiled at its first launch, nothing prepared
     C.reset()
     monkeypatch.setenv(C.DEFER_ENV, "0")

@@ -127,6 +127,19 @@ def test_done_follows_the_futures():
     p.wait()  # never raises
 
 
+def test_settle_waits_at_most_its_timeout_for_the_futures():
+    import threading
+    import time
+    f1, f2 = Future(), Future()
+    p = P.Prepared([f1, f2], {})
+    f1.set_result("kernel")
+    t0 = time.monotonic()
+    assert not p.settle(0.02) and time.monotonic() - t0 >= 0.02  # one still compiling
+    threading.Timer(0.01, f2.set_result, ("kernel",)).start()  # a kernel from Triton's cache: a file read
+    assert p.settle(5.0) and p.done()
+    assert P.Prepared([], {}).settle(0.0)  # nothing to compile: every kernel was loaded already
+
+
 @needs_async
 def test_busy_while_any_prepared_compile_runs(monkeypatch):
     # every prepare()'s compiles count, whichever shape class started them; done ones are forgotten
