@@ -587,21 +587,22 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
     if _recording is not None:
         _recording.add(key)
     dkey = str(torch.device(device))
-    hit = _CHOICES.get((dkey, key))
+    k = (dkey, key)
+    hit = _CHOICES.get(k)
     if hit in candidates:
-        return hit if (dkey, key) in _READY else _stored(dkey, key, hit, candidates, default, prefer, interim)
+        return hit if k in _READY else _stored(k, hit, candidates, default, prefer, interim)
     if not timing_enabled() or not can_time(device):
         return default
     with _lock:
         st = store_for(device)
-        hit = _CHOICES.get((dkey, key))
+        hit = _CHOICES.get(k)
         if hit in candidates:
-            return hit if (dkey, key) in _READY else _stored(dkey, key, hit, candidates, default, prefer, interim)
+            return hit if k in _READY else _stored(k, hit, candidates, default, prefer, interim)
         skipped = {n: why for n, why in (skip() if skip is not None else {}).items()
                    if n in candidates and n != default}
         if skipped:
             candidates = {n: fn for n, fn in candidates.items() if n not in skipped}
-        now = prefer if prefer in candidates else interim if interim in candidates else default
+        now = _meanwhile(candidates, default, prefer, interim)
         if len(candidates) > 1 and _prepare_first(dkey, key, candidates, now, prefer):
             return now
         bar = _progress_factory(len(candidates)) if _progress_factory is not None else None
@@ -641,8 +642,8 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
             entry["errors"] = errors
         COUNTERS["calibrations"] += 1
         COUNTERS["calibration_s"] += time.perf_counter() - t0
-        _CHOICES[(dkey, key)] = choice
-        _READY.add((dkey, key))  # its candidates just ran: their kernels are loaded
+        _CHOICES[k] = choice
+        _READY.add(k)  # its candidates just ran: their kernels are loaded
         st.put(key, entry)
         log.info("TritonKit calibration on %s: %s -> %s (%s; %.1f s, stored in %s)", st.env.get("gpu"), what or key,
                  choice, "; ".join([", ".join(f"{k} {v:.3f} ms" for k, v in timings.items()) or "no candidate ran"]
@@ -694,9 +695,14 @@ def _prepare_first(dkey: str, key: str, candidates: dict, now: str,
     return False
 
 
-def _stored(dkey: str, key: str, hit: str, candidates: dict, default: str, prefer: Optional[str],
+def _meanwhile(candidates: dict, default: str, prefer: Optional[str], interim: Optional[str]) -> str:
+    """The path a class's calls run while its kernels compile in the background (see :func:`choose`)."""
+    return prefer if prefer in candidates else interim if interim in candidates else default
+
+
+def _stored(k: tuple, hit: str, candidates: dict, default: str, prefer: Optional[str],
             interim: Optional[str]) -> str:
-    """The first calls in this process of a stored choice ``hit``, whose kernels may be missing from
+    """The first calls in this process of the stored choice ``hit`` of ``k`` (device, key), whose kernels may be missing from
     Triton's cache: it was cleared, the calibration was not (by hand, or a cache of another folder).
     Those kernels then compiled one after another as the model launched them: in a HunyuanVideo
     step that compiled the Triton Compile Model's blocks, the eager glue's fused-linear configs and
@@ -706,7 +712,6 @@ def _stored(dkey: str, key: str, hit: str, candidates: dict, default: str, prefe
     ready. Kernels that Triton's cache holds load within WARM_WAIT_S, and the choice runs at once,
     as it did before (until one has not: then none is waited for)."""
     global _cold_cache_seen
-    k = (dkey, key)
     from . import prepare
     with _lock:
         if k in _READY:
@@ -719,7 +724,7 @@ def _stored(dkey: str, key: str, hit: str, candidates: dict, default: str, prefe
                 return now
             del _WARMING[k]  # ready (or a call inside synchronous(): it waits for them)
         else:
-            now = prefer if prefer in candidates else interim if interim in candidates else default
+            now = _meanwhile(candidates, default, prefer, interim)
             if hit == prefer or now == hit or not deferring() or not prepare.available():
                 _READY.add(k)  # ComfyUI's path (nothing of ours), or compiled at its first launch as before
                 return hit
