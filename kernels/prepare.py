@@ -23,15 +23,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
-from . import runtime
+from . import compile_pool, runtime
 
 # At most this many compiles at once, and one core less than the machine has: Triton's front end
 # holds the GIL, LLVM and ptxas do not, and the model keeps running Python in this process meanwhile.
 MAX_THREADS = 16
-_pool: Optional[ThreadPoolExecutor] = None
+_pool: Optional[compile_pool.RoutingExecutor] = None
 _mode = None  # the one asynchronous compile mode of every preparing run (see _shared_mode)
 _pool_lock = threading.Lock()
 _in_flight: list = []  # the futures of every prepare() not yet seen done (see busy)
@@ -63,10 +62,12 @@ def threads() -> int:
     return n if n > 0 else max(1, min((os.cpu_count() or 2) - 1, MAX_THREADS))
 
 
-def _executor() -> ThreadPoolExecutor:
+def _executor() -> compile_pool.RoutingExecutor:
+    """The threads that wait for the compiles; each compile is done by a worker process where one can
+    (kernels/compile_pool.py: a compile in a thread holds this process's GIL)."""
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="tritonkit-prepare")
+        _pool = compile_pool.RoutingExecutor(threads())
     return _pool
 
 

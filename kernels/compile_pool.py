@@ -1,0 +1,344 @@
+"""The pack's background Triton compiles, run in worker processes instead of this process's threads.
+
+A Triton compile holds this process's GIL for all but its last step: the Python front end, and the
+MLIR/LLVM passes, whose binding (``PassManager.run``) does not release it; only ptxas runs outside.
+The compiles that :mod:`kernels.prepare` hands to its thread pool therefore run one at a time,
+against every other Python thread of ComfyUI's process, and slow the thread that matters most: the
+model's, and Inductor's tracing under the Triton Compile Model. On an H100 (2026-11-25, HunyuanVideo
+natively through the Triton Compile Model, the calibration stored, Triton's cache empty) the
+eager glue's 6 kernels compiled in the background, while Inductor traced the blocks, made the trace
+2-4 s slower: what they had cost in ComfyUI's thread before.
+
+Here a compile that Triton's asynchronous mode submits is done twice, cheaply: a worker process
+compiles it into Triton's cache folder (the same folder, the same key: the same source, signature,
+constants, target, options and environment), then the thread calls Triton's own compile, which finds
+it in the cache and only loads it. Whatever the worker could not do (a kernel outside the pack, a
+worker that failed to start or died, a key that differs after all) costs only that: Triton's compile
+then compiles it in the thread, as before. Nothing a worker gives is trusted but the cache entry
+Triton checks itself.
+
+Workers start in the background the first time they are asked for (:func:`start`, which the nodes call
+when they patch a model); until one has imported Triton and the pack's kernels, compiles run in the
+threads. ``TRITONKIT_COMPILE_WORKERS=N`` turns them on with N workers; **off by default**: each worker
+is a Python process with torch imported (about 600 MB resident on Linux), and no measurement shows a
+gain yet. On an H100 (2026-11-25, Triton 3.6.0) the mechanism worked (30 of a cold HunyuanVideo
+calibration's 36 compiles done by workers, all 30 then found in Triton's cache by the model's process),
+but the workers were not ready for the stored case's glue: the model was loaded 0.2 s after the
+nodes patched it, and a worker needs several seconds to import torch.
+
+This file is also the worker: ``python compile_pool.py ROOT ROOT_PATH`` reads pickled jobs on stdin and
+answers on stdout.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Optional
+
+log = logging.getLogger("TritonKit")
+
+WORKERS_ENV = "TRITONKIT_COMPILE_WORKERS"
+# With the variable set to "auto": one core less than the machine has, at most this many.
+MAX_WORKERS = 8
+# A worker that dies is replaced, at most this many times in a process; then the pool closes.
+MAX_RESPAWNS = 4
+# The pack's modules whose kernels the workers compile, imported before a worker says it is ready.
+KERNEL_MODULES = ("kernels.fp8", "kernels.fp8_linear", "kernels.attention")
+# Names of the variables Triton's asynchronous compile closes over (JITFunction._do_compile's
+# ``async_compile``, Triton 3.4 to 3.8): the kernel, its ASTSource, the target, the options, the
+# environment that keys the cache.
+_CLOSURE = ("self", "src", "target", "options")
+
+COUNTERS = {"worker_compiles": 0, "worker_errors": 0, "thread_compiles": 0, "worker_starts": 0}
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# the package this file belongs to ("ComfyUI-TritonKit" as ComfyUI imports the folder, "tritonkit" in
+# tests) and the folder that holds it; None when run as a script (the worker)
+_ROOT = __name__.rsplit(".", 2)[0] if __name__.count(".") >= 2 else None
+_ROOT_PATH = os.path.dirname(_HERE)
+
+
+def workers() -> int:
+    """How many worker processes: ``TRITONKIT_COMPILE_WORKERS`` (a number, or ``auto``: one core less
+    than the machine has, at most MAX_WORKERS); 0, none, when it is not set (see the module's
+    docstring)."""
+    raw = os.environ.get(WORKERS_ENV, "").strip().lower()
+    if not raw:
+        return 0
+    if raw == "auto":
+        return max(1, min((os.cpu_count() or 2) - 1, MAX_WORKERS))
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        log.warning("TritonKit: %s=%r is neither a number nor auto; no compile workers", WORKERS_ENV, raw)
+        return 0
+
+
+def _unwrap(obj):
+    """The JITFunction under Triton's autotuner / heuristics wrappers."""
+    seen = 0
+    while obj is not None and type(obj).__name__ != "JITFunction" and hasattr(obj, "fn") and seen < 8:
+        obj, seen = obj.fn, seen + 1
+    return obj
+
+
+def _cache_dir() -> Optional[str]:
+    try:
+        from triton import knobs
+        return knobs.cache.dir
+    except Exception:  # noqa: BLE001 - an older Triton: the worker reads the same environment
+        return None
+
+
+def job_of(compile_fn) -> Optional[dict]:
+    """What a worker needs to compile what Triton's ``compile_fn`` (its asynchronous compile closure)
+    would, or None where a worker can't: not Triton's closure, a kernel outside the pack, a kernel
+    that is not the module's attribute of its name, arguments that don't pickle."""
+    if _ROOT is None:
+        return None
+    code = getattr(compile_fn, "__code__", None)
+    cells = getattr(compile_fn, "__closure__", None)
+    if code is None or not cells or not all(n in code.co_freevars for n in _CLOSURE):
+        return None
+    try:
+        env = {n: c.cell_contents for n, c in zip(code.co_freevars, cells)}
+    except ValueError:  # an empty cell
+        return None
+    jit, src = env["self"], env["src"]
+    fn = getattr(jit, "fn", None)
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__name__", None)
+    if not module or not name or not module.startswith(_ROOT + ".") or module not in sys.modules:
+        return None
+    if _unwrap(getattr(sys.modules[module], name, None)) is not jit:
+        return None  # made by a factory, or replaced: the worker would compile another kernel
+    try:
+        job = {"module": module[len(_ROOT) + 1:], "name": name,
+               "signature": src.signature, "constexprs": src.constants, "attrs": src.attrs,
+               "target": env["target"], "options": dict(env["options"].__dict__),
+               "env_vars": env.get("env_vars"), "cache_dir": _cache_dir()}
+        pickle.dumps(job)
+    except Exception:  # noqa: BLE001 - anything unusual: the thread compiles it
+        return None
+    return job
+
+
+class _Pool:
+    """Worker processes, each answering one job at a time."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._idle: list = []
+        self._cond = threading.Condition()
+        self._alive = 0       # started and ready
+        self._starting = 0
+        self._respawns = 0
+        self._started = False
+        self.closed = False
+
+    def start(self) -> None:
+        with self._cond:
+            if self._started or self.closed:
+                return
+            self._started = True
+            self._starting = self.n
+        for _ in range(self.n):
+            threading.Thread(target=self._spawn, name="tritonkit-compile-worker-start", daemon=True).start()
+
+    def _spawn(self) -> None:
+        proc = None
+        try:
+            flags = getattr(subprocess, "CREATE_NO_WINDOW", 0) if os.name == "nt" else 0
+            proc = subprocess.Popen([sys.executable, "-u", os.path.abspath(__file__), _ROOT, _ROOT_PATH],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    creationflags=flags)
+            msg = pickle.load(proc.stdout)
+            if not (isinstance(msg, tuple) and msg and msg[0] == "ready"):
+                raise RuntimeError(f"unexpected first message {msg!r}")
+        except Exception as e:  # noqa: BLE001
+            if proc is not None:
+                proc.kill()
+            with self._cond:
+                self._starting -= 1
+                if self._alive == 0 and self._starting == 0:
+                    self.closed = True
+                self._cond.notify_all()
+            log.info("TritonKit: a compile worker did not start (%s: %s); compiles run in ComfyUI's process",
+                     type(e).__name__, e)
+            return
+        with self._cond:
+            COUNTERS["worker_starts"] += 1
+            self._starting -= 1
+            self._alive += 1
+            self._idle.append(proc)
+            self._cond.notify_all()
+
+    def ready(self) -> bool:
+        with self._cond:
+            return self._alive > 0 and not self.closed
+
+    def run(self, job: dict) -> bool:
+        """Has a worker compile ``job``; whether it did. Waits for a free worker; False at once when
+        none is left."""
+        with self._cond:
+            while not self._idle:
+                if self.closed or (self._alive == 0 and self._starting == 0):
+                    return False
+                self._cond.wait(timeout=1.0)
+            proc = self._idle.pop()
+        try:
+            pickle.dump(job, proc.stdin)
+            proc.stdin.flush()
+            ok, detail = pickle.load(proc.stdout)
+        except Exception:  # noqa: BLE001 - the worker died: replace it
+            proc.kill()
+            with self._cond:
+                self._alive -= 1
+                respawn = self._respawns < MAX_RESPAWNS and not self.closed
+                if respawn:
+                    self._respawns += 1
+                    self._starting += 1
+                elif self._alive == 0:
+                    self.closed = True
+                self._cond.notify_all()
+            if respawn:
+                threading.Thread(target=self._spawn, daemon=True).start()
+            return False
+        with self._cond:
+            self._idle.append(proc)
+            self._cond.notify_all()
+        if not ok:
+            COUNTERS["worker_errors"] += 1
+            log.debug("TritonKit compile worker: %s", detail)
+        return bool(ok)
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            procs, self._idle = self._idle, []
+            self._alive -= len(procs)
+            self._cond.notify_all()
+        for p in procs:
+            try:
+                p.stdin.close()
+                p.wait(timeout=5)
+            except Exception:  # noqa: BLE001
+                p.kill()
+
+
+_pool: Optional[_Pool] = None
+_pool_lock = threading.Lock()
+
+
+def pool() -> Optional[_Pool]:
+    """The process's worker pool (not started), or None where workers are off or can't run here."""
+    global _pool
+    with _pool_lock:
+        if _pool is None and _ROOT is not None and workers() > 0 and sys.executable:
+            _pool = _Pool(workers())
+            import atexit
+            atexit.register(_pool.close)
+        return _pool
+
+
+def start() -> None:
+    """Starts the workers in the background (nothing waits for them)."""
+    p = pool()
+    if p is not None:
+        p.start()
+
+
+class RoutingExecutor(Executor):
+    """A thread pool whose compiles go through a worker process where one can do them."""
+
+    def __init__(self, threads: int):
+        self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tritonkit-prepare")
+
+    def submit(self, fn, /, *args, **kwargs):
+        p = pool()
+        job = job_of(fn) if p is not None and not args and not kwargs else None
+        if job is not None:
+            p.start()
+            if p.ready():
+                return self._threads.submit(_via_worker, p, job, fn)
+        COUNTERS["thread_compiles"] += 1
+        return self._threads.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, **kwargs):
+        self._threads.shutdown(wait=wait, **kwargs)
+
+
+def _via_worker(p: _Pool, job: dict, fn):
+    if p.run(job):
+        COUNTERS["worker_compiles"] += 1
+    else:
+        COUNTERS["thread_compiles"] += 1
+    return fn()  # Triton's own compile: a cache hit where the worker compiled it, else the compile
+
+
+# ----------------------------------------------------------------------------- the worker
+
+def _compile(job: dict) -> None:
+    import importlib
+    import inspect
+    import triton
+    from triton.compiler import ASTSource
+    if job.get("cache_dir"):
+        try:
+            from triton import knobs
+            knobs.cache.dir = job["cache_dir"]
+        except Exception:  # noqa: BLE001 - an older Triton: the inherited environment
+            pass
+    mod = importlib.import_module(f"{_WORKER_ROOT}.{job['module']}")
+    jit = _unwrap(getattr(mod, job["name"]))
+    src = ASTSource(jit, job["signature"], job["constexprs"], job["attrs"])
+    kw = {}
+    if job.get("env_vars") is not None and "_env_vars" in inspect.signature(triton.compile).parameters:
+        kw["_env_vars"] = job["env_vars"]
+    triton.compile(src, target=job["target"], options=job["options"], **kw)
+
+
+_WORKER_ROOT = None
+
+
+def _worker_main(root: str, root_path: str) -> None:
+    global _WORKER_ROOT
+    import importlib
+    import types
+    # answers go to the real stdout; anything printed (Triton's warnings, C++ output) to stderr
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    inp = sys.stdin.buffer
+    _WORKER_ROOT = root
+    if root not in sys.modules:  # the pack's folder as a package, without running its __init__ (ComfyUI's nodes)
+        pkg = types.ModuleType(root)
+        pkg.__path__ = [root_path]
+        sys.modules[root] = pkg
+    for name in KERNEL_MODULES:
+        importlib.import_module(f"{root}.{name}")
+    pickle.dump(("ready", os.getpid()), out)
+    out.flush()
+    while True:
+        try:
+            job = pickle.load(inp)
+        except EOFError:
+            return
+        t0 = time.perf_counter()
+        try:
+            _compile(job)
+            answer = (True, time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 - the thread compiles it and raises Triton's error there
+            answer = (False, f"{type(e).__name__}: {e}"[:2000])
+        pickle.dump(answer, out)
+        out.flush()
+
+
+if __name__ == "__main__":
+    if sys.path and os.path.abspath(sys.path[0] or ".") == _HERE:
+        sys.path.pop(0)  # this folder's modules (fp8, tuning, ...) are the package's, not top-level ones
+    _worker_main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,144 @@
+"""kernels/compile_pool.py on the CPU: a compile that Triton's asynchronous mode submits is done by a
+worker process into Triton's cache, and the thread's own compile only loads it (the same cubin as a
+compile here); what a worker can't do (a kernel outside the pack, a dead worker, workers off) the
+thread compiles, as before. Targets are GPU architectures: Triton compiles them without a GPU."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tritonkit.kernels import compile_pool as CP
+from tritonkit.kernels import fp8
+
+triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(not hasattr(getattr(triton, "knobs", None), "cache"),
+                                reason="this Triton has no knobs (3.4+): the pack compiles in threads")
+
+
+def _tritons_closure(jit, cc: int, **options):
+    """What JITFunction._do_compile hands the asynchronous mode's executor: a closure over the
+    kernel, its ASTSource, the target, the parsed options and the cache's environment."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    spec = next(s for s in fp8.COMPILE_SPECS if s[0] is jit) if any(s[0] is jit for s in fp8.COMPILE_SPECS) else None
+    sig, consts = (spec[1], spec[2]) if spec else options.pop("spec")
+    self, src, target = jit, ASTSource(jit, sig, consts), GPUTarget("cuda", cc, 32)
+    options = make_backend(target).parse_options({"num_warps": 4, **options})
+    env_vars = get_cache_invalidating_env_vars()
+
+    def async_compile():  # Triton's calls self.compile, which is triton.compile once the kernel has run
+        return getattr(self, "compile", triton.compile)(src, target=target, options=options.__dict__,
+                                                         _env_vars=env_vars)
+    return async_compile
+
+
+@pytest.fixture
+def pool(monkeypatch, tmp_path):
+    """One fresh worker, Triton's cache in a new folder, ASTSource.make_ir counted (it runs only on a
+    cache miss: a compile in this process)."""
+    from triton.compiler import compiler as tc
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    monkeypatch.setenv(CP.WORKERS_ENV, "1")
+    monkeypatch.setattr(CP, "_pool", None)
+    made = []
+    real = tc.ASTSource.make_ir
+    monkeypatch.setattr(tc.ASTSource, "make_ir", lambda self, *a, **kw: made.append(self.fn.__name__) or real(self, *a, **kw))
+    for k in CP.COUNTERS:
+        monkeypatch.setitem(CP.COUNTERS, k, 0)
+    p = CP.pool()
+    p.start()
+    import time
+    t0 = time.monotonic()
+    while not p.ready() and not p.closed and time.monotonic() - t0 < 240:
+        time.sleep(0.05)
+    assert p.ready(), "the compile worker did not start"
+    yield p, made
+    p.close()
+
+
+def test_tritons_async_compile_closes_over_what_a_worker_needs():
+    """The installed Triton's _do_compile still hands the executor a closure over self, src, target
+    and options: job_of depends on those names (Triton 3.4 to 3.8 have them)."""
+    from triton.runtime.jit import JITFunction
+    if not hasattr(JITFunction, "_do_compile"):
+        pytest.skip("this Triton has no _do_compile (before 3.4): no asynchronous compiles")
+    nested = [c for c in JITFunction._do_compile.__code__.co_consts
+              if hasattr(c, "co_freevars") and c.co_name == "async_compile"]
+    assert nested, "JITFunction._do_compile has no async_compile closure any more: compile_pool must follow"
+    assert set(CP._CLOSURE) <= set(nested[0].co_freevars), nested[0].co_freevars
+
+
+def test_a_worker_compiles_into_tritons_cache_and_the_thread_only_loads(pool, tmp_path, monkeypatch):
+    p, made = pool
+    jit = fp8.COMPILE_SPECS[1][0]
+    fn = _tritons_closure(jit, 86)
+    job = CP.job_of(fn)
+    assert job is not None and job["module"] == "kernels.fp8" and job["name"] == jit.fn.__name__, job
+    ex = CP.RoutingExecutor(2)
+    try:
+        kernel = ex.submit(fn).result(timeout=300)
+    finally:
+        ex.shutdown()
+    assert CP.COUNTERS["worker_compiles"] == 1 and CP.COUNTERS["thread_compiles"] == 0, CP.COUNTERS
+    assert made == [], made  # nothing compiled in this process: Triton's compile found the worker's entry
+    # the same binary as a compile here, in another cache folder
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "elsewhere"))
+    here = _tritons_closure(jit, 86)()
+    assert made == [jit.fn.__name__]
+    assert kernel.asm["cubin"] == here.asm["cubin"] and len(kernel.asm["cubin"]) > 0
+
+
+def test_what_a_worker_cant_do_compiles_in_the_thread(pool):
+    """A kernel outside the pack has no job; a dead worker's job is compiled by the thread (and the
+    worker replaced); each gives Triton's kernel."""
+    import triton.language as tl
+    p, made = pool
+
+    @triton.jit
+    def outside(x_ptr, BLOCK: tl.constexpr):
+        tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK))
+
+    fn = _tritons_closure(outside, 80, spec=({"x_ptr": "*i32", "BLOCK": "constexpr"}, {"BLOCK": 64}))
+    assert CP.job_of(fn) is None
+    assert CP.job_of(lambda: None) is None
+    ex = CP.RoutingExecutor(1)
+    try:
+        assert len(ex.submit(fn).result(timeout=300).asm["cubin"]) > 0
+        assert made == ["outside"] and CP.COUNTERS["thread_compiles"] == 1
+        p._idle[0].kill()  # the worker dies before its next job
+        p._idle[0].wait()
+        jit = fp8.COMPILE_SPECS[0][0]
+        assert len(ex.submit(_tritons_closure(jit, 80)).result(timeout=300).asm["cubin"]) > 0
+    finally:
+        ex.shutdown()
+    assert made == ["outside", jit.fn.__name__], made
+    assert CP.COUNTERS["thread_compiles"] == 2 and CP.COUNTERS["worker_compiles"] == 0, CP.COUNTERS
+
+
+@pytest.mark.parametrize("value", [None, "0", "many"])
+def test_no_workers_unless_turned_on(monkeypatch, value):
+    """Off by default (a worker costs a process with torch imported), with 0, and with a value that
+    is no number (a log line)."""
+    if value is None:
+        monkeypatch.delenv(CP.WORKERS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(CP.WORKERS_ENV, value)
+    monkeypatch.setattr(CP, "_pool", None)
+    assert CP.workers() == 0 and CP.pool() is None
+    CP.start()  # nothing to start, nothing raised
+    ex = CP.RoutingExecutor(1)
+    try:
+        assert ex.submit(lambda: 7).result(timeout=10) == 7  # everything in the threads
+    finally:
+        ex.shutdown()
+
+
+def test_workers_auto_and_a_number(monkeypatch):
+    monkeypatch.setenv(CP.WORKERS_ENV, "auto")
+    assert CP.workers() == max(1, min((os.cpu_count() or 2) - 1, CP.MAX_WORKERS))
+    monkeypatch.setenv(CP.WORKERS_ENV, "3")
+    assert CP.workers() == 3
