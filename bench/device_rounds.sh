@@ -14,7 +14,9 @@
 #            by a first process, each later process on empty compile caches (Triton's included), interleaved
 #            A B A B (STORED_ORDER): A = TRITONKIT_CALIBRATION_DEFER=0 (the stored choices' kernels compile as the
 #            eager glue launches them, one after another), B = the default (they compile in the background and
-#            the glue runs ComfyUI's path meanwhile); each process at most STORED_S seconds, traced
+#            the glue runs ComfyUI's path meanwhile), C = B with TRITONKIT_COMPILE_WORKERS=${STORED_WORKERS:-4}
+#            (those compiles in worker processes, kernels/compile_pool.py); each process at most STORED_S
+#            seconds, traced
 #   FLUX_ARGS / HUN_ARGS  more bench/workflow.py options for those parts (e.g. --warm-rounds for compiled rounds)
 #   SMI_MS   sample the GPU's clocks, power and temperature every SMI_MS ms into $OUT/smi.csv while the call runs
 #            (`python3 bench/first_steps.py --smi $OUT/smi.csv <workflow.json>` gives each run's medians)
@@ -96,12 +98,13 @@ PY
 fi
 if [ "${STORED_S:-0}" != 0 ]; then
   for r in P0 ${STORED_ORDER:-A1 B1 A2 B2}; do
-    case $r in A*) defer=0 ;; *) defer=1 ;; esac
-    OUT="$O/stored_$r" TK_BENCH_TRACE_COMPILES=1 TRITONKIT_CALIBRATION_DEFER=$defer timeout "$STORED_S" \
+    case $r in A*) defer=0 workers=0 ;; C*) defer=1 workers=${STORED_WORKERS:-4} ;; *) defer=1 workers=0 ;; esac
+    OUT="$O/stored_$r" TK_BENCH_TRACE_COMPILES=1 TRITONKIT_CALIBRATION_DEFER=$defer \
+      TRITONKIT_COMPILE_WORKERS=$workers timeout "$STORED_S" \
       bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-hunyuan-scaled --steps 5 --no-second-res \
       --compile-cache "/tmp/tk_cc_stored_$r" --calibration-dir /tmp/tk_cal_stored \
       --plan hunyuan-scaled:both:regional > "$O/stored_$r.log" 2>&1
-    echo "stored $r (defer $defer) rc=$?"
+    echo "stored $r (defer $defer, compile workers $workers) rc=$?"
     grep -E 'TritonKit compile:' "$O/stored_$r.log" | cut -c1-300 | tail -2
     python3 bench/first_steps.py "$O/stored_$r/workflow.json" | cut -c1-700 | tail -1
   done

@@ -45,6 +45,7 @@ def lines(doc: dict) -> list[str]:
                          + (f", rates {rates}" if rates else ""))
         if cal.get("deferred_calls") or r.get("calibrating_steps"):
             parts.append(f"{cal.get('prepared', 0)} prepared, {cal.get('warmed', 0)} stored warmed, "
+                         f"compiles in workers {cal.get('worker_compiles', 0)} / threads {cal.get('thread_compiles', 0)}, "
                          f"{cal.get('deferred_calls', 0)} calls deferred, "
                          f"calibrating steps {r.get('calibrating_steps')}, timed from step {r.get('timed_from_step')}, "
                          f"extra {_f(r.get('calibration_extra_s'))} s, steps {r.get('step_times_s')}")

@@ -444,7 +444,9 @@ def _calibration_state(attn_mod) -> dict:
     if C is None:
         return {}
     snap = C.snapshot()
-    return {"counters": dict(C.COUNTERS), "dir": snap["dir"], "timing": snap["timing"],
+    pool = sys.modules.get(C.__name__.rsplit(".", 1)[0] + ".compile_pool")  # kernels/compile_pool.py, once loaded
+    counters = {**dict(C.COUNTERS), **(dict(pool.COUNTERS) if pool is not None else {})}
+    return {"counters": counters, "dir": snap["dir"], "timing": snap["timing"],
             "entries": {k: v for st in snap["stores"] for k, v in st["entries"].items()
                         if "choice" in v or "config" in v}}
 
@@ -484,7 +486,8 @@ def _calibration_delta(before: dict, after: dict) -> dict:
     c0, c1 = before.get("counters", {}), after["counters"]
     new = {k: v for k, v in after["entries"].items() if before.get("entries", {}).get(k) != v}
     out = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("calibrations", "timed_runs", "autotunes", "prepared",
-                                                      "deferred_calls", "stalled_timings", "warmed")}
+                                                      "deferred_calls", "stalled_timings", "warmed",
+                                                      "worker_compiles", "thread_compiles", "worker_starts")}
     out.update({k: round(c1[k] - c0.get(k, 0.0), 3) for k in ("calibration_s", "autotune_s") if k in c1})
     return {**out, "timing": after["timing"], "dir": after["dir"],
             "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {}),
