@@ -142,3 +142,20 @@ def test_workers_auto_and_a_number(monkeypatch):
     assert CP.workers() == max(1, min((os.cpu_count() or 2) - 1, CP.MAX_WORKERS))
     monkeypatch.setenv(CP.WORKERS_ENV, "3")
     assert CP.workers() == 3
+
+
+def test_started_at_launch_only_where_turned_on_and_a_gpu_is_there(monkeypatch):
+    """The pack's __init__ starts the workers at ComfyUI's start when TRITONKIT_COMPILE_WORKERS is set:
+    here the GPU is faked, the pool's start recorded."""
+    import torch
+    started = []
+    monkeypatch.setattr(CP._Pool, "start", lambda self: started.append(self.n))
+    monkeypatch.setattr(CP, "_pool", None)
+    monkeypatch.delenv(CP.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert CP.start_at_launch() is False and started == []
+    monkeypatch.setenv(CP.WORKERS_ENV, "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert CP.start_at_launch() is False and started == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert CP.start_at_launch() is True and started == [2]
