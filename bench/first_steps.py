@@ -45,7 +45,9 @@ def lines(doc: dict) -> list[str]:
                          + (f", rates {rates}" if rates else ""))
         if cal.get("deferred_calls") or r.get("calibrating_steps"):
             parts.append(f"{cal.get('prepared', 0)} prepared, {cal.get('warmed', 0)} stored warmed, "
-                         f"compiles in workers {cal.get('worker_compiles', 0)} / threads {cal.get('thread_compiles', 0)}, "
+                         f"compiles in workers {cal.get('worker_compiles', 0)} / threads {cal.get('thread_compiles', 0)}"
+                         + (f" ({r['compile_workers_ready']} workers ready at the start)"
+                            if r.get("compile_workers_ready") is not None else "") + ", "
                          f"{cal.get('deferred_calls', 0)} calls deferred, "
                          f"calibrating steps {r.get('calibrating_steps')}, timed from step {r.get('timed_from_step')}, "
                          f"extra {_f(r.get('calibration_extra_s'))} s, steps {r.get('step_times_s')}")

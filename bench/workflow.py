@@ -439,6 +439,15 @@ def _calibration_module(attn_mod):
     return getattr(getattr(attn_mod, "calib", None), "C", None)
 
 
+def _compile_workers_ready(attn_mod):
+    """How many compile workers (kernels/compile_pool.py) had started when the sampler began; None when
+    they are off."""
+    C = _calibration_module(attn_mod)
+    pool = sys.modules.get(C.__name__.rsplit(".", 1)[0] + ".compile_pool") if C is not None else None
+    p = getattr(pool, "_pool", None)
+    return None if p is None else p._alive
+
+
 def _calibration_state(attn_mod) -> dict:
     C = _calibration_module(attn_mod)
     if C is None:
@@ -1007,6 +1016,7 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
         if device == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
+        rec["compile_workers_ready"] = _compile_workers_ready(attn_mod)
         t_start = time.time()
         t0 = time.perf_counter()
         out = inproc.call_node("KSampler", model=m, seed=seed, steps=steps, cfg=1.0, sampler_name="euler",

@@ -401,7 +401,7 @@ def test_first_steps_lines():
                                                "host": [["aten::cat", 1.9], ["aten::mul", 0.3]]}]}}},
         {"run": "hun:both:regional#B1", "s_per_step": 0.92, "first_step_s": 0.3, "compile_s": 12.0,
          "calibration": {"prepared": 0, "warmed": 6, "deferred_calls": 12, "worker_compiles": 5, "thread_compiles": 1},
-         "calibrating_steps": 1}]}
+         "calibrating_steps": 1, "compile_workers_ready": 4}]}
     out = first_steps.lines(doc)
     assert out[0].startswith("flux:both@86: 0.2000 s/step, first 12.50 s; calibrated 20 (9.0 s), tuned 30 (7.5 s)")
     assert "triton misses 40 (41.0 s, busy 8.2 s; hits 3 0.1 s) [attn_fwd_kernel 6x 9.1s]" in out[0]
@@ -415,7 +415,8 @@ def test_first_steps_lines():
     assert out[4].endswith("57 gaps 38.5 ms (waiting on the GPU 0.0 ms); longest: 2.5 ms before rope_kernel: "
                            "aten::cat 1.9, aten::mul 0.3")
     # stored choices whose kernels compiled in the background (kernels/calibration.py's _stored)
-    assert ("0 prepared, 6 stored warmed, compiles in workers 5 / threads 1, 12 calls deferred, "
+    assert ("0 prepared, 6 stored warmed, compiles in workers 5 / threads 1 (4 workers ready at the start), "
+            "12 calls deferred, "
             "calibrating steps 1") in out[5]
 
 
