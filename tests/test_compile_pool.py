@@ -159,3 +159,30 @@ def test_started_at_launch_only_where_turned_on_and_a_gpu_is_there(monkeypatch):
     assert CP.start_at_launch() is False and started == []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert CP.start_at_launch() is True and started == [2]
+
+
+def test_the_worker_imports_the_pack_under_comfyuis_module_name(tmp_path, monkeypatch):
+    """ComfyUI 0.8 imports a custom node folder under its path ("." as "_x_"), so the pack's root module
+    name has slashes (backslashes and a drive on Windows): the worker, given that name, imports the
+    kernels under it and compiles a job into Triton's cache."""
+    import pickle
+    import subprocess
+    import sys
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    root = str(tmp_path / "custom_nodes" / "ComfyUI-TritonKit").replace(".", "_x_")
+    proc = subprocess.Popen([sys.executable, CP.__file__, root, CP._ROOT_PATH],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        ready = pickle.load(proc.stdout)
+        assert ready[0] == "ready", ready
+        job = CP.job_of(_tritons_closure(fp8.COMPILE_SPECS[2][0], 80))
+        assert job is not None
+        pickle.dump(job, proc.stdin)
+        proc.stdin.flush()
+        ok, detail = pickle.load(proc.stdout)
+        assert ok is True and detail > 0, detail
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    assert any(f.endswith(".cubin") for _, _, fs in os.walk(tmp_path / "cache") for f in fs)
