@@ -55,7 +55,7 @@ KERNEL_MODULES = ("kernels.fp8", "kernels.fp8_linear", "kernels.attention")
 # environment that keys the cache.
 _CLOSURE = ("self", "src", "target", "options")
 
-COUNTERS = {"worker_compiles": 0, "worker_errors": 0, "thread_compiles": 0, "worker_starts": 0}
+COUNTERS = {"worker_compiles": 0, "worker_errors": 0, "thread_compiles": 0, "worker_starts": 0, "cache_hits": 0}
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # the package this file belongs to ("ComfyUI-TritonKit" as ComfyUI imports the folder, "tritonkit" in
@@ -286,7 +286,34 @@ class RoutingExecutor(Executor):
         self._threads.shutdown(wait=wait, **kwargs)
 
 
+def _cached(compile_fn) -> bool:
+    """Whether Triton's cache holds what ``compile_fn`` compiles (its own compile would only load it), by
+    Triton's own key: a warm restart then loads at once instead of queueing behind a worker's compiles
+    (a stored calibration choice waits only 50 ms for its kernels, kernels/calibration.py). False where
+    that can't be told here (another Triton's internals): the worker's round trip answers it then."""
+    try:
+        import hashlib
+        from triton import knobs
+        from triton.compiler import compiler as tc
+        if knobs.runtime.add_stages_inspection_hook is not None or knobs.compilation.always_compile:
+            return False
+        env = {n: c.cell_contents for n, c in zip(compile_fn.__code__.co_freevars, compile_fn.__closure__)}
+        src, env_vars = env["src"], env.get("env_vars")
+        if env_vars is None:
+            from triton._C.libtriton import get_cache_invalidating_env_vars
+            env_vars = get_cache_invalidating_env_vars()
+        key = tc.get_cache_key(src, tc.make_backend(env["target"]), env["options"], env_vars=env_vars)
+        manager = tc.get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest())
+        name = f"{src.name[:150]}.json"
+        return bool((manager.get_group(name) or {}).get(name))
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def _via_worker(p: _Pool, job: dict, fn):
+    if _cached(fn):
+        COUNTERS["cache_hits"] += 1
+        return fn()
     if p.run(job):
         COUNTERS["worker_compiles"] += 1
     else:

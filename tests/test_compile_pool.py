@@ -85,6 +85,16 @@ def test_a_worker_compiles_into_tritons_cache_and_the_thread_only_loads(pool, tm
         ex.shutdown()
     assert CP.COUNTERS["worker_compiles"] == 1 and CP.COUNTERS["thread_compiles"] == 0, CP.COUNTERS
     assert made == [], made  # nothing compiled in this process: Triton's compile found the worker's entry
+    # the same compile again (a warm restart): a hit in Triton's cache, loaded in the thread, no worker asked
+    sent = []
+    monkeypatch.setattr(p, "run", lambda job: sent.append(job) or True)
+    ex = CP.RoutingExecutor(1)
+    try:
+        again = ex.submit(_tritons_closure(jit, 86)).result(timeout=300)
+    finally:
+        ex.shutdown()
+    assert sent == [] and CP.COUNTERS["cache_hits"] == 1 and made == [], (sent, CP.COUNTERS, made)
+    assert again.asm["cubin"] == kernel.asm["cubin"]
     # the same binary as a compile here, in another cache folder
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "elsewhere"))
     here = _tritons_closure(jit, 86)()
