@@ -17,9 +17,9 @@ worker that failed to start or died, a key that differs after all) costs only th
 then compiles it in the thread, as before. Nothing a worker gives is trusted but the cache entry
 Triton checks itself.
 
-Workers start in the background at ComfyUI's start (:func:`start_at_launch`), else the first time they
-are asked for (:func:`start`, which the nodes also call when they patch a model); until one has
-imported Triton and the pack's kernels, compiles run in the threads. ``TRITONKIT_COMPILE_WORKERS=N`` turns them on with N workers; **off by default**: each worker
+Workers start in the background at ComfyUI's start (:func:`start_at_launch`, from the pack's
+``__init__``), else the first time a compile is submitted; until one has imported Triton and the pack's
+kernels, compiles run in the threads. ``TRITONKIT_COMPILE_WORKERS=N`` turns them on with N workers; **off by default**: each worker
 is a Python process with torch imported (about 600 MB resident on Linux), and no measurement shows a
 gain yet. On an H100 (2026-11-25, Triton 3.6.0) the mechanism worked (30 of a cold HunyuanVideo
 calibration's 36 compiles done by workers, all 30 then found in Triton's cache by the model's process),
@@ -256,7 +256,7 @@ def start() -> None:
 def start_at_launch() -> bool:
     """At ComfyUI's start (the pack's ``__init__``): starts the workers where they are turned on and
     a CUDA GPU is there to compile for; whether it did. A worker needs seconds to import torch: started
-    when the first model is patched, they were not ready for its first step (see the docstring)."""
+    when the first model was patched, they were not ready for its first step (see the docstring)."""
     if workers() <= 0:
         return False
     import torch

@@ -27,8 +27,9 @@ from typing import Optional
 
 from . import compile_pool, runtime
 
-# At most this many compiles at once, and one core less than the machine has: Triton's front end
-# holds the GIL, LLVM and ptxas do not, and the model keeps running Python in this process meanwhile.
+# At most this many compiles at once, and one core less than the machine has. A compile in a thread holds
+# the GIL for all but ptxas (Triton's MLIR passes included) while the model keeps running Python in this
+# process: kernels/compile_pool.py moves the compiles to worker processes where they are turned on.
 MAX_THREADS = 16
 _pool: Optional[compile_pool.RoutingExecutor] = None
 _mode = None  # the one asynchronous compile mode of every preparing run (see _shared_mode)

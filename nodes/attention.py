@@ -21,7 +21,7 @@ log = logging.getLogger("TritonKit")
 try:  # a broken Triton must not stop the node from loading: every call then falls back
     from ..kernels import attention as A
     from ..kernels.runtime import cpu_mode, force_triton_on_cpu
-    from ..kernels import arch_probe, compile_pool, roofline
+    from ..kernels import arch_probe, roofline
     from . import calibration as calib
     _IMPORT_ERROR = None
 except Exception as _e:  # noqa: BLE001
@@ -301,7 +301,6 @@ def patch_model(model, mode: str):
         capability(dev)  # looked up here, in eager code: a compiled model's traced calls read it as a constant
         if A is not None:
             arch_probe.dot_has_tensor_cores(_arch(torch.device(dev)))  # likewise (a compile, below sm80 only)
-            compile_pool.start()  # the compile workers import while ComfyUI loads the model
     clone = model.clone()
     topts = clone.model_options.setdefault("transformer_options", {})
     topts["optimized_attention_override"] = make_override(mode)

@@ -736,9 +736,6 @@ def patch_model(model, mode: str = "auto"):
         return model, text
     clone = model.clone()
     apply_plan(clone, plan)
-    if torch.device(plan.device).type == "cuda":
-        from ..kernels import compile_pool
-        compile_pool.start()  # the compile workers import while ComfyUI loads the model
     log.info("%s", text.replace("\n", "; "))
     return clone, text
 
