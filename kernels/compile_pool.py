@@ -96,19 +96,25 @@ def _cache_dir() -> Optional[str]:
         return None
 
 
-def job_of(compile_fn) -> Optional[dict]:
-    """What a worker needs to compile what Triton's ``compile_fn`` (its asynchronous compile closure)
-    would, or None where a worker can't: not Triton's closure, a kernel outside the pack, a kernel
-    that is not the module's attribute of its name, arguments that don't pickle."""
-    if _ROOT is None:
-        return None
+def _closure(compile_fn) -> Optional[dict]:
+    """The variables Triton's asynchronous compile closure closes over, by name; None for another
+    callable."""
     code = getattr(compile_fn, "__code__", None)
     cells = getattr(compile_fn, "__closure__", None)
     if code is None or not cells or not all(n in code.co_freevars for n in _CLOSURE):
         return None
     try:
-        env = {n: c.cell_contents for n, c in zip(code.co_freevars, cells)}
+        return {n: c.cell_contents for n, c in zip(code.co_freevars, cells)}
     except ValueError:  # an empty cell
+        return None
+
+
+def job_of(compile_fn) -> Optional[dict]:
+    """What a worker needs to compile what Triton's ``compile_fn`` (its asynchronous compile closure)
+    would, or None where a worker can't: not Triton's closure, a kernel outside the pack, a kernel
+    that is not the module's attribute of its name, arguments that don't pickle."""
+    env = _closure(compile_fn) if _ROOT is not None else None
+    if env is None:
         return None
     jit, src = env["self"], env["src"]
     fn = getattr(jit, "fn", None)
@@ -297,7 +303,9 @@ def _cached(compile_fn) -> bool:
         from triton.compiler import compiler as tc
         if knobs.runtime.add_stages_inspection_hook is not None or knobs.compilation.always_compile:
             return False
-        env = {n: c.cell_contents for n, c in zip(compile_fn.__code__.co_freevars, compile_fn.__closure__)}
+        env = _closure(compile_fn)
+        if env is None:
+            return False
         src, env_vars = env["src"], env.get("env_vars")
         if env_vars is None:
             from triton._C.libtriton import get_cache_invalidating_env_vars
