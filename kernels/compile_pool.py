@@ -20,11 +20,12 @@ Triton checks itself.
 Workers start in the background at ComfyUI's start (:func:`start_at_launch`, from the pack's
 ``__init__``), else the first time a compile is submitted; until one has imported Triton and the pack's
 kernels, compiles run in the threads. ``TRITONKIT_COMPILE_WORKERS=N`` turns them on with N workers; **off by default**: each worker
-is a Python process with torch imported (about 600 MB resident on Linux), and no measurement shows a
-gain yet. On an H100 (2026-11-25, Triton 3.6.0) the mechanism worked (30 of a cold HunyuanVideo
-calibration's 36 compiles done by workers, all 30 then found in Triton's cache by the model's process),
-but the workers were not ready for the stored case's glue: the model was loaded 0.2 s after the
-nodes patched it, and a worker needs several seconds to import torch.
+is a Python process with torch imported (about 600 MB resident on Linux, for as long as ComfyUI runs),
+and the gain is a second or so once per cold cache. Measured 2026-11-26 (Triton 3.6.0, torch 2.11,
+HunyuanVideo eager @86, every cache empty, 8 workers against the threads, A B A B): the cold
+calibration's extra time 4.51-4.88 s against 5.55-5.57 on an H100, 6.15-6.32 against 7.53-7.73 on an
+H200; with the calibration stored and the blocks compiled by the Triton Compile Model, 4 workers gave
+10.4-11.0 s against 11.6-12.7 on the H200 and no gain beyond Inductor's own spread on the H100.
 
 This file is also the worker: ``python compile_pool.py ROOT ROOT_PATH`` reads pickled jobs on stdin and
 answers on stdout.
@@ -48,6 +49,11 @@ WORKERS_ENV = "TRITONKIT_COMPILE_WORKERS"
 MAX_WORKERS = 8
 # A worker that dies is replaced, at most this many times in a process; then the pool closes.
 MAX_RESPAWNS = 4
+# A job a worker has not answered in this many seconds is taken from it: the worker is stopped (and
+# replaced, as one that died) and the thread compiles the kernel. The pack's largest kernels compile in
+# 1-5 s on an H100's host (2026-11-25); a compile that a worker is stuck in must not hold up a model
+# whose first call waits for it (a compiled model's eager first call, kernels/prepare.py).
+JOB_TIMEOUT_S = 120.0
 # The pack's modules whose kernels the workers compile, imported before a worker says it is ready.
 KERNEL_MODULES = ("kernels.fp8", "kernels.fp8_linear", "kernels.attention")
 # Names of the variables Triton's asynchronous compile closes over (JITFunction._do_compile's
@@ -197,11 +203,23 @@ class _Pool:
                     return False
                 self._cond.wait(timeout=1.0)
             proc = self._idle.pop()
+        timed_out = threading.Event()
+
+        def stop():
+            timed_out.set()
+            proc.kill()  # its answer pipe closes: the read below fails and the worker is replaced
+
+        watchdog = threading.Timer(JOB_TIMEOUT_S, stop)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             pickle.dump(job, proc.stdin)
             proc.stdin.flush()
             ok, detail = pickle.load(proc.stdout)
-        except Exception:  # noqa: BLE001 - the worker died: replace it
+        except Exception:  # noqa: BLE001 - the worker died or was stopped: replace it
+            if timed_out.is_set():
+                log.warning("TritonKit: a compile worker gave no answer in %.0f s for %s; it was stopped and the "
+                            "kernel compiles in ComfyUI's process", JOB_TIMEOUT_S, job.get("name"))
             proc.kill()
             with self._cond:
                 self._alive -= 1
@@ -215,6 +233,8 @@ class _Pool:
             if respawn:
                 threading.Thread(target=self._spawn, daemon=True).start()
             return False
+        finally:
+            watchdog.cancel()
         with self._cond:
             self._idle.append(proc)
             self._cond.notify_all()

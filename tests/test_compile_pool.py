@@ -129,6 +129,31 @@ def test_what_a_worker_cant_do_compiles_in_the_thread(pool):
     assert CP.COUNTERS["thread_compiles"] == 2 and CP.COUNTERS["worker_compiles"] == 0, CP.COUNTERS
 
 
+@pytest.mark.skipif(os.name == "nt", reason="stops the worker with SIGSTOP")
+def test_a_worker_that_gives_no_answer_is_stopped_and_the_thread_compiles(pool, monkeypatch, caplog):
+    """A worker stuck in a compile holds nothing up past JOB_TIMEOUT_S: it is killed (and replaced), a
+    warning says so, and the thread compiles the kernel. Here the worker is frozen (SIGSTOP)."""
+    import logging
+    import signal
+    p, made = pool
+    monkeypatch.setattr(CP, "JOB_TIMEOUT_S", 1.0)
+    stuck = p._idle[0]
+    os.kill(stuck.pid, signal.SIGSTOP)
+    jit = fp8.COMPILE_SPECS[0][0]
+    ex = CP.RoutingExecutor(1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="TritonKit"):
+            kernel = ex.submit(_tritons_closure(jit, 86)).result(timeout=300)
+    finally:
+        ex.shutdown()
+    assert len(kernel.asm["cubin"]) > 0
+    assert made == [jit.fn.__name__], made  # compiled here, by the thread
+    assert CP.COUNTERS["thread_compiles"] == 1 and CP.COUNTERS["worker_compiles"] == 0, CP.COUNTERS
+    assert stuck.wait(timeout=30) is not None  # killed, not left frozen
+    assert "gave no answer in 1 s" in caplog.text, caplog.text
+    assert p._respawns == 1
+
+
 @pytest.mark.parametrize("value", [None, "0", "many"])
 def test_no_workers_unless_turned_on(monkeypatch, value):
     """Off by default (a worker costs a process with torch imported), with 0, and with a value that
