@@ -36,7 +36,9 @@ def lines(doc: dict) -> list[str]:
                              f"(both {_f(r['compile_s'] + r['calibration_step_s'], 1)} s)")
         if cal.get("calibrations") or cal.get("autotunes"):
             parts.append(f"calibrated {cal.get('calibrations', 0)} ({_f(cal.get('calibration_s'), 1)} s), "
-                         f"tuned {cal.get('autotunes', 0)} ({_f(cal.get('autotune_s'), 1)} s)")
+                         f"tuned {cal.get('autotunes', 0)} ({_f(cal.get('autotune_s'), 1)} s)"
+                         + (f", playoffs {cal.get('playoffs', 0)} run / {cal.get('playoffs_not_run')} not"
+                            if cal.get("playoffs_not_run") is not None else ""))
         skipped = sum(1 for v in (cal.get("new_choices") or {}).values() if v.get("not_timed"))
         if skipped or cal.get("rates"):
             rates = "; ".join(f"{k.split('|', 1)[1]} {v.get('matmul_tflops')} TFLOPS, {v.get('copy_gbps')} GB/s"

@@ -497,7 +497,7 @@ def _calibration_delta(before: dict, after: dict) -> dict:
     out = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("calibrations", "timed_runs", "autotunes", "prepared",
                                                       "deferred_calls", "stalled_timings", "warmed",
                                                       "worker_compiles", "thread_compiles", "worker_starts",
-                                                      "cache_hits")}
+                                                      "cache_hits", "playoffs", "playoffs_not_run")}
     out.update({k: round(c1[k] - c0.get(k, 0.0), 3) for k in ("calibration_s", "autotune_s") if k in c1})
     return {**out, "timing": after["timing"], "dir": after["dir"],
             "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {}),

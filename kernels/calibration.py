@@ -94,8 +94,11 @@ _recording: Optional[set] = None
 # prepared: shape classes whose candidates were compiled ahead of their timing (kernels/prepare.py);
 # deferred_calls: calls that ran an interim path while those compiles ran (see choose)
 # warmed: stored choices whose kernels compiled in the background at their first call (see _stored)
+# playoffs / playoffs_not_run: block-config playoffs run, and not run because their path was not chosen
+# (kernels/tuning.py)
 COUNTERS = {"calibrations": 0, "timed_runs": 0, "autotunes": 0, "loads": 0, "calibration_s": 0.0, "autotune_s": 0.0,
-            "prepared": 0, "deferred_calls": 0, "stalled_timings": 0, "warmed": 0}
+            "prepared": 0, "deferred_calls": 0, "stalled_timings": 0, "warmed": 0, "playoffs": 0,
+            "playoffs_not_run": 0}
 # (str(device), key) -> kernels.prepare.Prepared: shape classes whose candidates compile in the background
 _PENDING: dict = {}
 # (str(device), key) of the choices whose kernels are loaded in this process (timed here, or warmed:
@@ -112,6 +115,34 @@ DEFER_ENV = "TRITONKIT_CALIBRATION_DEFER"
 _defer_override: Optional[bool] = None
 # set inside synchronous(): a shape class is timed at its first call (a compiled model's eager first call)
 _SYNC = contextvars.ContextVar("tritonkit_calibration_sync", default=False)
+# (shape-class key, path name) while a candidate path of that class runs in its timing; the kernels'
+# tuner (kernels/tuning.py) holds the playoffs it meets there until the class's choice is made
+_OWNER = contextvars.ContextVar("tritonkit_calibration_owner", default=None)
+# called as fn(key, chosen, path names) once a shape class's choice is made, before it is stored
+_CHOICE_HOOKS: list = []
+
+
+def timing_owner() -> Optional[tuple]:
+    """(shape-class key, path name) of the candidate path being timed in this thread, else None."""
+    return _OWNER.get()
+
+
+def on_choice(fn: Callable) -> None:
+    """Registers ``fn(key, chosen, path names)``, called when a shape class's paths have been timed and
+    one chosen (kernels/tuning.py settles its held playoffs there)."""
+    if fn not in _CHOICE_HOOKS:
+        _CHOICE_HOOKS.append(fn)
+
+
+def _owned(owner: tuple, fn: Callable) -> Callable:
+    """``fn`` run as ``owner``'s candidate (:func:`timing_owner`)."""
+    def run():
+        tok = _OWNER.set(owner)
+        try:
+            return fn()
+        finally:
+            _OWNER.reset(tok)
+    return run
 _logged: set = set()
 
 
@@ -611,12 +642,13 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         t0 = time.perf_counter()
         # the candidates' own block configs are tuned at once here, not deferred (kernels/tuning.py):
         # each candidate is timed at its best
+        owned = {name: _owned((key, name), fn) for name, fn in candidates.items()}
         with synchronous():
             if len(candidates) == 1:
                 results = {}  # the others skipped: nothing to compare
             elif _timer is not None:
                 results = {}
-                for name, fn in candidates.items():
+                for name, fn in owned.items():
                     try:
                         results[name] = _timer(name, fn)
                     except Exception as e:  # noqa: BLE001
@@ -624,7 +656,7 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
                     if step is not None:
                         step(name)
             else:
-                results = cuda_timer_interleaved(candidates, on_warm=step)
+                results = cuda_timer_interleaved(owned, on_warm=step)
         for name, res in results.items():
             if isinstance(res, Exception):  # a path that fails here is simply not chosen
                 errors[name] = f"{type(res).__name__}: {str(res).splitlines()[0][:160] if str(res) else ''}"
@@ -632,6 +664,13 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
                 timings[name] = float(res)
                 COUNTERS["timed_runs"] += 1
         choice = pick_fastest(timings, default, prefer)
+        for hook in _CHOICE_HOOKS:  # the chosen path's held config playoffs run, the others' are dropped
+            try:
+                hook(key, choice, list(candidates))
+            except Exception as e:  # noqa: BLE001 - the choice stands; its configs stay the first pass's
+                log_once(f"choice-hook:{type(e).__name__}", "TritonKit calibration: settling the block configs "
+                         "of %s failed (%s: %s); the configs of the first timing are kept", what or key,
+                         type(e).__name__, e)
         entry = {"choice": choice, "default": default, "timings_ms": {k: round(v, 5) for k, v in timings.items()},
                  "what": what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if prefer in timings:

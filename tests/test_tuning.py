@@ -156,6 +156,43 @@ def test_close_candidates_are_timed_again_interleaved(monkeypatch):
     assert T.pick(CPU, "k|p2", CANDS, run=runner(far)) == lucky and len(far.timed) == 3
 
 
+def test_a_calibrations_playoffs_run_only_for_the_path_it_chooses(monkeypatch):
+    """Tuned inside a calibration's candidate paths (kernels/calibration.py), each path's close configs
+    get their playoff only once the calibration has chosen: the chosen path's runs and can change its
+    config; the losing path keeps its first pass's fastest, stored with a note, and its configs are
+    timed once each."""
+    lucky, steady, slow = CANDS
+    i_lucky, i_steady, i_slow = (c + (1,) for c in CANDS)
+    # in each path the lucky config's first timing is an outlier: the playoff finds steady faster
+    bench = NoisyBench({lucky: [0.9, 1.2], steady: [1.0], slow: [2.0],
+                        i_lucky: [0.9, 1.2], i_steady: [1.0], i_slow: [2.0]})
+    monkeypatch.setattr(T, "time_ms", bench)
+    provisional = {}
+
+    def path(key, cands):
+        def fn():
+            provisional[key] = T.pick(CPU, key, cands, run=runner(bench))
+        return fn
+
+    paths = {"exact": path("k|exact", CANDS), "int8": path("k|int8", [i_lucky, i_steady, i_slow])}
+    C.set_timer(lambda name, fn: (fn(), {"exact": 2.0, "int8": 1.0}[name])[1])  # runs the path: it tunes
+    a0, p0, n0 = (C.COUNTERS[k] for k in ("autotunes", "playoffs", "playoffs_not_run"))
+    assert C.choose(CPU, "cls", paths, "exact") == "int8"
+    assert provisional == {"k|exact": lucky, "k|int8": i_lucky}  # the first pass's fastest, while timing
+    assert (C.COUNTERS["autotunes"], C.COUNTERS["playoffs"], C.COUNTERS["playoffs_not_run"]) == (a0 + 2, p0 + 1, n0 + 1)
+    # the chosen path's playoff ran (its configs timed again) and picked steady; the losing path's did not
+    assert bench.timed.count(i_lucky) == 1 + T.PLAYOFF_ROUNDS and bench.timed.count(i_steady) == 1 + T.PLAYOFF_ROUNDS
+    assert [bench.timed.count(c) for c in CANDS] == [1, 1, 1] and bench.timed.count(i_slow) == 1
+    assert T.cache()["k|int8"] == i_steady and T.cache()["k|exact"] == lucky
+    chosen, lost = C.recall(CPU, "k|int8"), C.recall(CPU, "k|exact")
+    assert chosen["config"] == list(i_steady) and "playoff" not in chosen
+    assert lost["config"] == list(lucky) and lost["playoff"] == "not run: the calibration chose int8, not exact"
+    # outside a calibration the playoff runs at once, as before
+    T.cache().clear()
+    bench.timed.clear()
+    assert T.pick(CPU, "k|alone", CANDS, run=runner(bench)) == steady
+
+
 def test_inside_a_preparing_run_every_config_is_compiled_and_none_timed(monkeypatch):
     # kernels/prepare.py runs a calibration's candidates with launches turned into compiles: the
     # tuner then compiles (warms) every config, times none, picks nothing, and the run goes on
