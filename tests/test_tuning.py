@@ -193,6 +193,19 @@ def test_a_calibrations_playoffs_run_only_for_the_path_it_chooses(monkeypatch):
     assert T.pick(CPU, "k|alone", CANDS, run=runner(bench)) == steady
 
 
+def test_the_store_is_read_and_written_outside_the_tuners_lock(monkeypatch):
+    """A calibration holds its lock while its candidates tune (they take the tuner's lock); a tuner that
+    read or wrote the store (the calibration's lock) under its own lock could deadlock against it, with
+    a background compile thread's pick in between."""
+    seen = []
+    monkeypatch.setattr(C, "recall", lambda *a: seen.append(("recall", T._LOCK.locked())) or None)
+    monkeypatch.setattr(C, "remember", lambda *a: seen.append(("remember", T._LOCK.locked())))
+    bench = Bench({CANDS[0]: 2.0, CANDS[1]: 0.5, CANDS[2]: 1.0})
+    monkeypatch.setattr(T, "time_ms", bench)
+    assert T.pick(CPU, "k|lock", CANDS, run=runner(bench)) == CANDS[1]
+    assert seen == [("recall", False), ("remember", False)]
+
+
 def test_inside_a_preparing_run_every_config_is_compiled_and_none_timed(monkeypatch):
     # kernels/prepare.py runs a calibration's candidates with launches turned into compiles: the
     # tuner then compiles (warms) every config, times none, picks nothing, and the run goes on
