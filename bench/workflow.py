@@ -704,12 +704,13 @@ def model_name(key: str, spec: dict) -> str:
 
 def load_estimate_s(device: str, spec: dict, written: bool) -> float:
     """What loading a model (writing it first unless ``written``) and its first two runs may cost,
-    for --budget-s: a full-size model on the GPU takes ~15 s to write and seconds to load (an
+    for --budget-s: a full-size model on the GPU takes 11-15 s to write and seconds to load (an
     interleaved plan loads a scaled-fp8 model again whenever the arch changes: @86 and native load
-    differently)."""
+    differently). A whole cold HunyuanVideo process @86 with the file to write, 7 steps, took 36 s on
+    an H100 (2026-11-26); at 120 s this refused two 60-s calls their only run."""
     if device != "cuda" or spec["config"]["depth"] <= 2:
         return 5.0
-    return 20.0 if written else 120.0
+    return 20.0 if written else 60.0
 
 
 def model_file(models_dir: Path, key: str, spec: dict, gen_device: str) -> tuple[str, dict, float]:
