@@ -20,8 +20,8 @@ Triton checks itself.
 Workers start in the background at ComfyUI's start (:func:`start_at_launch`, from the pack's
 ``__init__``), else the first time a compile is submitted; until one has imported Triton and the pack's
 kernels, compiles run in the threads. ``TRITONKIT_COMPILE_WORKERS=N`` turns them on with N workers; **off by default**: each worker
-is a Python process with torch imported (about 600 MB resident on Linux, for as long as ComfyUI runs),
-and the gain is a second or so once per cold cache. Measured 2026-11-26 (Triton 3.6.0, torch 2.11,
+is a Python process with torch imported (about 600 MB resident on Linux) from ComfyUI's start until
+IDLE_S after its last compile, and the gain is a second or so once per cold cache. Measured 2026-11-26 (Triton 3.6.0, torch 2.11,
 HunyuanVideo eager @86, every cache empty, 8 workers against the threads, A B A B): the cold
 calibration's extra time 4.51-4.88 s against 5.55-5.57 on an H100, 6.15-6.32 against 7.53-7.73 on an
 H200; with the calibration stored and the blocks compiled by the Triton Compile Model, 4 workers gave
@@ -54,6 +54,10 @@ MAX_RESPAWNS = 4
 # 1-5 s on an H100's host (2026-11-25); a compile that a worker is stuck in must not hold up a model
 # whose first call waits for it (a compiled model's eager first call, kernels/prepare.py).
 JOB_TIMEOUT_S = 120.0
+# Workers that have had no job for this many seconds exit, and their memory comes back; the next compile
+# submitted starts them again (the threads compile until they are ready). Started with ComfyUI, they
+# wait this long for a first prompt.
+IDLE_S = 300.0
 # The pack's modules whose kernels the workers compile, imported before a worker says it is ready.
 KERNEL_MODULES = ("kernels.fp8", "kernels.fp8_linear", "kernels.attention")
 # Names of the variables Triton's asynchronous compile closes over (JITFunction._do_compile's
@@ -61,7 +65,8 @@ KERNEL_MODULES = ("kernels.fp8", "kernels.fp8_linear", "kernels.attention")
 # environment that keys the cache.
 _CLOSURE = ("self", "src", "target", "options")
 
-COUNTERS = {"worker_compiles": 0, "worker_errors": 0, "thread_compiles": 0, "worker_starts": 0, "cache_hits": 0}
+COUNTERS = {"worker_compiles": 0, "worker_errors": 0, "thread_compiles": 0, "worker_starts": 0, "cache_hits": 0,
+            "worker_idle_exits": 0}
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # the package this file belongs to ("ComfyUI-TritonKit" as ComfyUI imports the folder, "tritonkit" in
@@ -151,16 +156,39 @@ class _Pool:
         self._starting = 0
         self._respawns = 0
         self._started = False
+        self._last_use = time.monotonic()
         self.closed = False
 
     def start(self) -> None:
+        """Starts the workers (again, after they exited idle), in the background."""
         with self._cond:
             if self._started or self.closed:
                 return
             self._started = True
             self._starting = self.n
+            self._last_use = time.monotonic()
         for _ in range(self.n):
             threading.Thread(target=self._spawn, name="tritonkit-compile-worker-start", daemon=True).start()
+        threading.Thread(target=self._exit_when_idle, name="tritonkit-compile-worker-idle", daemon=True).start()
+
+    def _exit_when_idle(self) -> None:
+        """Stops every worker once none has had a job for IDLE_S seconds (and none is starting)."""
+        with self._cond:
+            while True:
+                if self.closed or not self._started:
+                    return
+                idle_for = time.monotonic() - self._last_use
+                if idle_for >= IDLE_S and self._starting == 0 and len(self._idle) == self._alive:
+                    procs, self._idle = self._idle, []
+                    self._alive = 0
+                    self._started = False
+                    break
+                self._cond.wait(timeout=min(max(IDLE_S - idle_for, 0.05), 30.0))
+        COUNTERS["worker_idle_exits"] += len(procs)
+        log.info("TritonKit: %d compile worker(s) had no compile for %.0f s and exited; the next compile starts "
+                 "them again", len(procs), IDLE_S)
+        for p in procs:
+            _stop(p)
 
     def _spawn(self) -> None:
         proc = None
@@ -184,11 +212,15 @@ class _Pool:
                      type(e).__name__, e)
             return
         with self._cond:
-            COUNTERS["worker_starts"] += 1
             self._starting -= 1
-            self._alive += 1
-            self._idle.append(proc)
+            closed = self.closed
+            if not closed:
+                COUNTERS["worker_starts"] += 1
+                self._alive += 1
+                self._idle.append(proc)
             self._cond.notify_all()
+        if closed:  # the pool closed while this worker started: nothing would ever stop it
+            _stop(proc)
 
     def ready(self) -> bool:
         with self._cond:
@@ -203,6 +235,7 @@ class _Pool:
                     return False
                 self._cond.wait(timeout=1.0)
             proc = self._idle.pop()
+            self._last_use = time.monotonic()
         timed_out = threading.Event()
 
         def stop():
@@ -237,6 +270,7 @@ class _Pool:
             watchdog.cancel()
         with self._cond:
             self._idle.append(proc)
+            self._last_use = time.monotonic()
             self._cond.notify_all()
         if not ok:
             COUNTERS["worker_errors"] += 1
@@ -250,11 +284,16 @@ class _Pool:
             self._alive -= len(procs)
             self._cond.notify_all()
         for p in procs:
-            try:
-                p.stdin.close()
-                p.wait(timeout=5)
-            except Exception:  # noqa: BLE001
-                p.kill()
+            _stop(p)
+
+
+def _stop(proc) -> None:
+    """Ends an idle worker: its input closed (it returns), killed if it does not within 5 s."""
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=5)
+    except Exception:  # noqa: BLE001
+        proc.kill()
 
 
 _pool: Optional[_Pool] = None

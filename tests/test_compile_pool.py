@@ -154,6 +154,47 @@ def test_a_worker_that_gives_no_answer_is_stopped_and_the_thread_compiles(pool, 
     assert p._respawns == 1
 
 
+def test_idle_workers_exit_and_the_next_compile_starts_them_again(pool, monkeypatch):
+    """Workers with no compile for IDLE_S exit (their memory comes back); a compile submitted then is done by
+    the thread while they start again, and the next ones by a worker."""
+    import time
+    p, made = pool
+    first = p._idle[0]
+    monkeypatch.setattr(CP, "IDLE_S", 0.3)
+    with p._cond:
+        p._cond.notify_all()  # the idle watcher re-reads IDLE_S
+    assert first.wait(timeout=30) is not None  # exited
+    assert not p.ready() and CP.COUNTERS["worker_idle_exits"] == 1
+    monkeypatch.setattr(CP, "IDLE_S", 300.0)
+    jit = fp8.COMPILE_SPECS[0][0]
+    ex = CP.RoutingExecutor(1)
+    try:
+        assert len(ex.submit(_tritons_closure(jit, 80)).result(timeout=300).asm["cubin"]) > 0
+        assert made == [jit.fn.__name__] and CP.COUNTERS["thread_compiles"] == 1  # none ready: the thread
+        t0 = time.monotonic()
+        while not p.ready() and time.monotonic() - t0 < 240:
+            time.sleep(0.05)
+        assert p.ready() and CP.COUNTERS["worker_starts"] == 2 and p._idle[0] is not first
+        assert len(ex.submit(_tritons_closure(jit, 86)).result(timeout=300).asm["cubin"]) > 0  # another target
+    finally:
+        ex.shutdown()
+    assert made == [jit.fn.__name__] and CP.COUNTERS["worker_compiles"] == 1, (made, CP.COUNTERS)
+
+
+def test_a_worker_that_comes_up_after_the_pool_closed_is_stopped(monkeypatch):
+    """A worker still importing when the pool closes (ComfyUI exiting, a replacement in flight) is stopped
+    once it is up, not left running with nothing to stop it."""
+    procs = []
+    real = CP.subprocess.Popen
+    monkeypatch.setattr(CP.subprocess, "Popen", lambda *a, **kw: procs.append(real(*a, **kw)) or procs[-1])
+    starts = CP.COUNTERS["worker_starts"]
+    p = CP._Pool(1)
+    p._starting, p.closed = 1, True
+    p._spawn()
+    assert len(procs) == 1 and procs[0].wait(timeout=30) is not None
+    assert p._idle == [] and p._alive == 0 and p._starting == 0 and CP.COUNTERS["worker_starts"] == starts
+
+
 @pytest.mark.parametrize("value", [None, "0", "many"])
 def test_no_workers_unless_turned_on(monkeypatch, value):
     """Off by default (a worker costs a process with torch imported), with 0, and with a value that
