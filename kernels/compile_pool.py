@@ -341,9 +341,7 @@ class RoutingExecutor(Executor):
         p = pool()
         job = job_of(fn) if p is not None and not args and not kwargs else None
         if job is not None:
-            p.start()
-            if p.ready():
-                return self._threads.submit(_via_worker, p, job, fn)
+            return self._threads.submit(_via_worker, p, job, fn)
         COUNTERS["thread_compiles"] += 1
         return self._threads.submit(fn, *args, **kwargs)
 
@@ -378,10 +376,13 @@ def _cached(compile_fn) -> bool:
 
 
 def _via_worker(p: _Pool, job: dict, fn):
+    """In the pool's thread: a kernel that Triton's cache holds is loaded (no worker started for it);
+    else a ready worker compiles it, or, with none ready (they start now), Triton's compile here."""
     if _cached(fn):
         COUNTERS["cache_hits"] += 1
         return fn()
-    if p.run(job):
+    p.start()
+    if p.ready() and p.run(job):
         COUNTERS["worker_compiles"] += 1
     else:
         COUNTERS["thread_compiles"] += 1

@@ -155,11 +155,20 @@ def test_a_worker_that_gives_no_answer_is_stopped_and_the_thread_compiles(pool, 
 
 
 def test_idle_workers_exit_and_the_next_compile_starts_them_again(pool, monkeypatch):
-    """Workers with no compile for IDLE_S exit (their memory comes back); a compile submitted then is done by
-    the thread while they start again, and the next ones by a worker."""
+    """Workers with no compile for IDLE_S exit (their memory comes back); a kernel that Triton's cache holds
+    starts none; a compile submitted then is done by the thread while they start again, and the next ones
+    by a worker."""
     import time
     p, made = pool
     first = p._idle[0]
+    cached = fp8.COMPILE_SPECS[0][0]
+    ex = CP.RoutingExecutor(1)
+    try:
+        assert len(ex.submit(_tritons_closure(cached, 90)).result(timeout=300).asm["cubin"]) > 0
+    finally:
+        ex.shutdown()
+    assert CP.COUNTERS["worker_compiles"] == 1
+    CP.COUNTERS["worker_compiles"] = 0
     monkeypatch.setattr(CP, "IDLE_S", 0.3)
     with p._cond:
         p._cond.notify_all()  # the idle watcher re-reads IDLE_S
@@ -169,6 +178,8 @@ def test_idle_workers_exit_and_the_next_compile_starts_them_again(pool, monkeypa
     jit = fp8.COMPILE_SPECS[0][0]
     ex = CP.RoutingExecutor(1)
     try:
+        ex.submit(_tritons_closure(cached, 90)).result(timeout=300)
+        assert CP.COUNTERS["cache_hits"] == 1 and not p._started  # loaded; no worker started for it
         assert len(ex.submit(_tritons_closure(jit, 80)).result(timeout=300).asm["cubin"]) > 0
         assert made == [jit.fn.__name__] and CP.COUNTERS["thread_compiles"] == 1  # none ready: the thread
         t0 = time.monotonic()
