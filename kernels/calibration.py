@@ -143,6 +143,8 @@ def _owned(owner: tuple, fn: Callable) -> Callable:
         finally:
             _OWNER.reset(tok)
     return run
+
+
 _logged: set = set()
 
 

@@ -19,13 +19,14 @@ Triton checks itself.
 
 Workers start in the background at ComfyUI's start (:func:`start_at_launch`, from the pack's
 ``__init__``), else the first time a compile is submitted; until one has imported Triton and the pack's
-kernels, compiles run in the threads. ``TRITONKIT_COMPILE_WORKERS=N`` turns them on with N workers; **off by default**: each worker
-is a Python process with torch imported (about 600 MB resident on Linux) from ComfyUI's start until
-IDLE_S after its last compile, and the gain is a second or so once per cold cache. Measured 2026-11-26 (Triton 3.6.0, torch 2.11,
-HunyuanVideo eager @86, every cache empty, 8 workers against the threads, A B A B): the cold
-calibration's extra time 4.51-4.88 s against 5.55-5.57 on an H100, 6.15-6.32 against 7.53-7.73 on an
-H200; with the calibration stored and the blocks compiled by the Triton Compile Model, 4 workers gave
-10.4-11.0 s against 11.6-12.7 on the H200 and no gain beyond Inductor's own spread on the H100.
+kernels, compiles run in the threads. ``TRITONKIT_COMPILE_WORKERS=N`` turns them on with N workers.
+**Off by default**: each worker is a Python process with torch imported (about 600 MB resident on
+Linux) from ComfyUI's start until IDLE_S after its last compile, and the gain is a second or so once
+per cold cache. Measured 2026-11-26 (Triton 3.6.0, torch 2.11, HunyuanVideo eager @86, every cache
+empty, 8 workers against the threads, A B A B): the cold calibration's extra time 4.51-4.88 s against
+5.55-5.57 on an H100, 6.15-6.32 against 7.53-7.73 on an H200; with the calibration stored and the
+blocks compiled by the Triton Compile Model, 4 workers gave 10.4-11.0 s against 11.6-12.7 on the H200
+and no gain beyond Inductor's own spread on the H100.
 
 This file is also the worker: ``python compile_pool.py ROOT ROOT_PATH`` reads pickled jobs on stdin and
 answers on stdout.
