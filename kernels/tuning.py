@@ -35,6 +35,9 @@ from . import calibration, prepare
 
 ENV = "TRITONKIT_AUTOTUNE"
 ENV_OLD = "TRITONKIT_ATTN_AUTOTUNE"
+# "0" runs every playoff at once, also inside a calibration's candidate paths (see _HELD): the behaviour
+# before 2026-11-26, for A/B runs
+HOLD_ENV = "TRITONKIT_PLAYOFF_HOLD"
 MAX_COMPILE_THREADS = 8
 _CACHE: dict = {}            # store key -> chosen candidate (a tuple)
 _LOCK = threading.Lock()
@@ -160,7 +163,7 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
                 compile_parallel(device, warm, cands)
         timed = time_all(device, {c: functools.partial(run, c) for c in cands})
         ms = {c: [t] for c, t in timed.items() if not isinstance(t, Exception)}  # candidate -> its timings
-        owner = calibration.timing_owner()
+        owner = calibration.timing_owner() if os.environ.get(HOLD_ENV, "1").strip() != "0" else None
         if owner is not None and _finalists(ms, weight, family):
             # a calibration's candidate path: its playoff waits for the calibration's choice, and runs
             # only where this path is the one chosen (:func:`_after_choice`)

@@ -191,6 +191,13 @@ def test_a_calibrations_playoffs_run_only_for_the_path_it_chooses(monkeypatch):
     T.cache().clear()
     bench.timed.clear()
     assert T.pick(CPU, "k|alone", CANDS, run=runner(bench)) == steady
+    # and inside one with TRITONKIT_PLAYOFF_HOLD=0 (A/B runs): both paths' playoffs run, as before
+    monkeypatch.setenv(T.HOLD_ENV, "0")
+    bench.timed.clear()
+    paths = {"exact": path("k|exact2", CANDS), "int8": path("k|int82", [i_lucky, i_steady, i_slow])}
+    assert C.choose(CPU, "cls2", paths, "exact") == "int8"
+    assert [bench.timed.count(c) for c in CANDS] == [1 + T.PLAYOFF_ROUNDS, 1 + T.PLAYOFF_ROUNDS, 1]
+    assert T.cache()["k|exact2"] == steady and "playoff" not in C.recall(CPU, "k|exact2")
 
 
 def test_the_store_is_read_and_written_outside_the_tuners_lock(monkeypatch):
