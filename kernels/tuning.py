@@ -183,10 +183,7 @@ def _settle(device, cands, ms: dict, run: Callable, weight: Optional[Callable], 
             playoff: bool = True) -> tuple:
     """(the pick, its record for the store or None) from the first pass's timings ``ms``: after the
     playoff between the close ones (unless ``playoff`` is False), the fastest."""
-    sustained = None
-    if playoff and _finalists(ms, weight, family):
-        calibration.COUNTERS["playoffs"] += 1
-        sustained = _playoff(device, ms, run, weight, family)
+    sustained = _playoff(device, ms, run, weight, family) if playoff else None
     best, best_ms = _fastest(ms, weight)
     if sustained:
         best = min(sustained, key=lambda c: _score(sustained, c, weight))
@@ -353,6 +350,7 @@ def _playoff(device, ms: dict, run: Callable, weight: Optional[Callable],
     pair = _finalists(ms, weight, family)
     if not pair:
         return None
+    calibration.COUNTERS["playoffs"] += 1
     gpu = device.type == "cuda"
     est = {c: statistics.median(ms[c]) for c in pair}
     sustained: dict = {c: [] for c in pair}
