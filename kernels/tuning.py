@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from . import calibration, prepare
+from . import calibration, prepare, trials
 
 ENV = "TRITONKIT_AUTOTUNE"
 ENV_OLD = "TRITONKIT_ATTN_AUTOTUNE"
@@ -40,6 +40,7 @@ ENV_OLD = "TRITONKIT_ATTN_AUTOTUNE"
 HOLD_ENV = "TRITONKIT_PLAYOFF_HOLD"
 MAX_COMPILE_THREADS = 8
 _CACHE: dict = {}            # store key -> chosen candidate (a tuple)
+_TRIALS: dict = {}           # store key -> kernels.trials.Trial: its playoff runs in the model's calls
 _LOCK = threading.Lock()
 
 
@@ -53,6 +54,14 @@ def enabled() -> bool:
 def cache() -> dict:
     """The picks of this process: store key -> candidate."""
     return _CACHE
+
+
+def reset() -> None:
+    """Forgets this process's picks and playoffs in progress (tests: a new process)."""
+    with _LOCK:
+        _CACHE.clear()
+        _TRIALS.clear()
+        _HELD.clear()
 
 
 # Candidates are timed like calibration candidates (calibration.cuda_timer_interleaved: warm-ups,
@@ -115,17 +124,22 @@ def compile_parallel(device: torch.device, warm: Callable, cands: Sequence) -> N
 
 def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
          warm: Optional[Callable] = None, weight: Optional[Callable] = None,
-         family: Optional[Callable] = None) -> tuple:
+         family: Optional[Callable] = None, in_model: bool = False) -> tuple:
     """The config for ``key`` among ``cands`` (tuples): this process's pick, else the stored one,
     else the fastest of ``run(c)`` timed here (after compiling all with ``warm(c)`` in parallel),
     stored. The first candidate when there is one, when timing is off, or when none runs.
     ``weight(c)`` (default 1) multiplies a candidate's time before the comparison: a less accurate
     variant has to be that much faster to be picked. ``family(c)``: the kernel variant ``c`` runs;
     the playoff takes the best of every variant that comes close, besides the best two. Inside a
-    calibration's candidate path the playoff waits for the calibration's choice (:data:`_HELD`)."""
+    calibration's candidate path the playoff waits for the calibration's choice (:data:`_HELD`).
+    ``in_model``: the caller runs the returned config at once and calls :func:`kernels.trials.end_call`
+    after its launch, so that on a GPU the playoff can run in the model's calls (kernels/trials.py)."""
     hit = _CACHE.get(key)  # the per-call path: one dict lookup
     if hit is not None:
         return hit
+    trial = _TRIALS.get(key)
+    if trial is not None:  # this key's playoff runs in the model's calls: the next finalist
+        return trial.next(untimed=prepare.preparing())
     cands = [tuple(c) for c in cands]
     if len(cands) == 1 or not enabled():
         return cands[0]
@@ -168,15 +182,53 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
             # a calibration's candidate path: its playoff waits for the calibration's choice, and runs
             # only where this path is the one chosen (:func:`_after_choice`)
             best = _fastest(ms, weight)[0] or cands[0]
-            _HELD.setdefault(owner, []).append((device, key, cands, ms, run, weight, family))
+            _HELD.setdefault(owner, []).append((device, key, cands, ms, run, weight, family, in_model))
+            _CACHE[key] = best
         else:
-            best, rec = _settle(device, cands, ms, run, weight, family)
-        _CACHE[key] = best
+            best, rec = _settle_here(device, key, cands, ms, run, weight, family, in_model)
         calibration.COUNTERS["autotunes"] += 1
         calibration.COUNTERS["autotune_s"] += time.perf_counter() - t0
     if rec is not None:
         calibration.remember(device, key, rec)
     return best
+
+
+def _settle_here(device, key: str, cands, ms: dict, run: Callable, weight: Optional[Callable],
+                 family: Optional[Callable], in_model: bool) -> tuple:
+    """:func:`_settle` for ``key``, called under _LOCK: (the pick, its record for the store or None).
+    Where the playoff can run in the model's calls (``in_model``, on a GPU), it starts there
+    (kernels/trials.py): the first pass's fastest runs meanwhile, and is stored as the pick until the
+    trial settles."""
+    fin = _finalists(ms, weight, family)
+    if fin and in_model and device.type == "cuda" and trials.enabled():
+        best, rec = _settle(device, cands, ms, run, weight, family, playoff=False)
+        rec["playoff"] = "in the model's calls"
+        _TRIALS[key] = trials.Trial(fin, weight, functools.partial(_trial_settled, device, key, rec),
+                                    _clock(device))
+        _CACHE.pop(key, None)
+        calibration.COUNTERS["playoffs"] += 1
+        return best, rec
+    best, rec = _settle(device, cands, ms, run, weight, family)
+    _CACHE[key] = best
+    return best, rec
+
+
+def _clock(device):
+    """The marks a playoff in the model's calls is timed with (tests replace this function)."""
+    return trials.CudaClock()
+
+
+def _trial_settled(device, key: str, rec: dict, best: tuple, medians: dict) -> None:
+    """A playoff in the model's calls picked ``best`` for ``key``: it is the pick from now on, stored."""
+    with _LOCK:
+        _CACHE[key] = best
+        _TRIALS.pop(key, None)
+    calibration.COUNTERS["playoffs_in_model"] += 1
+    rec = {k: v for k, v in rec.items() if k != "playoff"}
+    rec["config"] = list(best)
+    rec["ms"] = rec.get("candidates_ms", {}).get(",".join(map(str, best)), rec.get("ms"))
+    rec["playoff_in_model_ms"] = {",".join(map(str, c)): round(t, 5) for c, t in medians.items()}
+    calibration.remember(device, key, rec)
 
 
 def _settle(device, cands, ms: dict, run: Callable, weight: Optional[Callable], family: Optional[Callable],
@@ -213,15 +265,14 @@ _HELD: dict = {}  # (calibration key, path name) -> [(device, key, cands, ms, ru
 
 def _after_choice(calibration_key: str, chosen: str, paths) -> None:
     """A calibration chose ``chosen`` among ``paths`` for ``calibration_key``: the playoffs held for
-    the chosen path run now, and the configs they pick replace the provisional ones; the other
-    paths' picks are stored as their first pass left them."""
+    the chosen path run now (or start in the model's calls), and the configs they pick replace the
+    provisional ones; the other paths' picks are stored as their first pass left them."""
     for name in paths:
-        for device, key, cands, ms, run, weight, family in _HELD.pop((calibration_key, name), []):
+        for device, key, cands, ms, run, weight, family, in_model in _HELD.pop((calibration_key, name), []):
             if name == chosen:
                 t0 = time.perf_counter()
                 with _LOCK:
-                    best, rec = _settle(device, cands, ms, run, weight, family)
-                    _CACHE[key] = best
+                    best, rec = _settle_here(device, key, cands, ms, run, weight, family, in_model)
                 calibration.COUNTERS["autotune_s"] += time.perf_counter() - t0
             else:
                 calibration.COUNTERS["playoffs_not_run"] += 1

@@ -22,10 +22,10 @@ def store(tmp_path, monkeypatch):
     for var in (T.ENV, T.ENV_OLD):
         monkeypatch.delenv(var, raising=False)
     C.reset()
-    T.cache().clear()
+    T.reset()
     yield
     C.reset()
-    T.cache().clear()
+    T.reset()
 
 
 class Bench:

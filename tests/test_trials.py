@@ -1,0 +1,190 @@
+"""The block-config playoff in the model's calls (kernels/trials.py), on the CPU with a fake clock: the
+finalists take turns, a timing is read only once the GPU has passed its end mark, the pick is the fastest
+median times its weight, made once; calls under CUDA graph capture or in a preparing run are not timed.
+Through the tuner (kernels/tuning.py): a GPU key whose configs come close starts the playoff in the
+model's calls instead of the bursts, stores the provisional pick at once and the settled one after."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonkit.kernels import calibration as C
+from tritonkit.kernels import trials as TR
+from tritonkit.kernels import tuning as T
+
+A, B, D = (128, 64, 4, 3, 0), (64, 64, 4, 3, 0), (128, 128, 8, 3, 1)
+
+
+class FakeClock:
+    """A GPU that runs each launch for ``cost[config]`` ms; marks are its times, and the GPU has reached
+    every mark up to ``reached`` (None: all)."""
+
+    def __init__(self, cost):
+        self.cost, self.now, self.reached, self.capture = cost, 0.0, None, False
+        self.marks = 0
+
+    def capturing(self):
+        return self.capture
+
+    def mark(self):
+        self.marks += 1
+        return self.now
+
+    def ready(self, end):
+        return self.reached is None or end <= self.reached
+
+    def ms(self, start, end):
+        return end - start
+
+    def launch(self, c):
+        self.now += self.cost[c]
+
+
+def model_call(trial, clock):
+    c = trial.next()
+    clock.launch(c)
+    TR.end_call()
+    return c
+
+
+def test_finalists_take_turns_and_the_fastest_median_wins_once():
+    clock = FakeClock({A: 10.0, B: 9.0})
+    settled = []
+    trial = TR.Trial([A, B], None, lambda best, med: settled.append((best, med)), clock)
+    runs = [model_call(trial, clock) for _ in range(2 * TR.SAMPLES)]
+    assert runs == [A, B] * TR.SAMPLES and settled == []  # the last timings are read at the next call
+    assert model_call(trial, clock) == B
+    assert settled == [(B, {A: 10.0, B: 9.0})]
+    assert [model_call(trial, clock) for _ in range(3)] == [B] * 3 and len(settled) == 1
+    assert clock.marks == 4 * TR.SAMPLES  # the calls after the pick are not timed
+
+
+def test_a_weight_and_a_noisy_sample_decide_by_the_weighted_median():
+    # D (fp8 P·V) is 5 % faster but weighted 1.1: A stays; one slow outlier of A does not move its median
+    clock = FakeClock({A: 10.0, B: 11.0, D: 9.5})
+    settled = []
+    trial = TR.Trial([A, B, D], lambda c: 1.1 if c[4] == 1 else 1.0, lambda b, m: settled.append(b), clock)
+    cost = clock.cost
+    for i in range(3 * TR.SAMPLES + 1):
+        cost[A] = 30.0 if i == 0 else 10.0
+        model_call(trial, clock)
+    assert settled == [A]
+
+
+def test_a_timing_is_read_only_once_the_gpu_passed_it():
+    clock = FakeClock({A: 10.0, B: 9.0})
+    clock.reached = 0.0  # the GPU is behind: nothing read yet
+    settled = []
+    trial = TR.Trial([A, B], None, lambda b, m: settled.append(b), clock)
+    runs = [model_call(trial, clock) for _ in range(2 * TR.SAMPLES)]
+    # every timing taken, none read: the calls go on with the provisional config, untimed
+    assert [model_call(trial, clock) for _ in range(3)] == [A] * 3 and clock.marks == 4 * TR.SAMPLES
+    assert runs == [A, B] * TR.SAMPLES and settled == [] and not trial.settled
+    clock.reached = None
+    assert model_call(trial, clock) == B and settled == [B]
+
+
+def test_graph_capture_and_preparing_runs_are_not_timed_and_a_failed_call_is_dropped():
+    clock = FakeClock({A: 10.0, B: 9.0})
+    trial = TR.Trial([A, B], None, lambda b, m: None, clock)
+    clock.capture = True
+    assert [model_call(trial, clock) for _ in range(4)] == [A] * 4 and clock.marks == 0
+    clock.capture = False
+    assert trial.next(untimed=True) == A and clock.marks == 0
+    TR.end_call()  # nothing pending: no mark
+    assert clock.marks == 0
+    trial.next()  # a call whose launch raised: no end_call; the next call drops it
+    model_call(trial, clock)
+    assert sum(len(s) for s in trial.samples.values()) + len(trial._inflight) == 1
+
+
+@pytest.fixture
+def tuner(tmp_path, monkeypatch):
+    monkeypatch.setenv(C.ENV_DIR, str(tmp_path / "calib"))
+    monkeypatch.delenv(TR.ENV, raising=False)
+    C.reset()
+    T.reset()
+    stored = {}
+    monkeypatch.setattr(C, "recall", lambda dev, key: stored.get(key))
+    monkeypatch.setattr(C, "remember", lambda dev, key, rec: stored.update({key: dict(rec)}))
+    yield stored
+    C.reset()
+    T.reset()
+
+
+def test_the_tuner_runs_a_gpu_playoff_in_the_models_calls(tuner, monkeypatch):
+    alone = {A: 10.0, B: 10.1, D: 30.0}  # A and B tie alone; B is faster in the model
+    monkeypatch.setattr(T, "time_all", lambda device, fns: {c: alone[c] for c in fns})
+    monkeypatch.setattr(T, "_sustained_ms", lambda *a: pytest.fail("no bursts where the model's calls decide"))
+    clock = FakeClock({A: 10.0, B: 9.0, D: 30.0})
+    monkeypatch.setattr(T, "_clock", lambda device: clock)
+    gpu = torch.device("cuda")
+    p0, m0 = C.COUNTERS["playoffs"], C.COUNTERS["playoffs_in_model"]
+
+    def call():
+        c = T.pick(gpu, "k|m", [A, B, D], run=lambda c: None, in_model=True)
+        clock.launch(c)
+        TR.end_call()
+        return c
+
+    assert call() == A  # the tuning call runs the first pass's fastest
+    assert "k|m" not in T.cache() and tuner["k|m"]["config"] == list(A)
+    assert tuner["k|m"]["playoff"] == "in the model's calls" and C.COUNTERS["playoffs"] == p0 + 1
+    runs = [call() for _ in range(2 * TR.SAMPLES + 1)]
+    assert runs[:2 * TR.SAMPLES] == [A, B] * TR.SAMPLES and runs[-1] == B
+    assert T.cache()["k|m"] == B and C.COUNTERS["playoffs_in_model"] == m0 + 1
+    rec = tuner["k|m"]
+    assert rec["config"] == list(B) and rec["ms"] == 10.1 and "playoff" not in rec
+    assert rec["playoff_in_model_ms"] == {"128,64,4,3,0": 10.0, "64,64,4,3,0": 9.0}
+    # a new process reads the settled pick: no timing, no playoff
+    T.reset()
+    assert call() == B and T.cache()["k|m"] == B
+    # a caller that does not time its calls, or TRITONKIT_PLAYOFF_IN_MODEL=0: the bursts, as before
+    bursts = []
+    monkeypatch.setattr(T, "_sustained_ms", lambda device, fns, est: bursts.append(list(fns)) or {A: 2.0, B: 1.0})
+    assert T.pick(gpu, "k|b", [A, B, D], run=lambda c: None) == B and len(bursts) == T.PLAYOFF_ROUNDS
+    monkeypatch.setenv(TR.ENV, "0")
+    assert T.pick(gpu, "k|b0", [A, B, D], run=lambda c: None, in_model=True) == B
+    assert len(bursts) == 2 * T.PLAYOFF_ROUNDS and "k|b0" not in T._TRIALS
+
+
+def test_a_calibrations_chosen_path_starts_its_playoff_in_the_models_calls(tuner, monkeypatch):
+    alone = {A: 10.0, B: 10.1, D: 30.0}
+    monkeypatch.setattr(T, "time_all", lambda device, fns: {c: alone[c] for c in fns})
+    monkeypatch.setattr(T, "_sustained_ms", lambda *a: pytest.fail("no bursts"))
+    clock = FakeClock({A: 10.0, B: 9.0, D: 30.0})
+    monkeypatch.setattr(T, "_clock", lambda device: clock)
+    gpu = torch.device("cuda")
+
+    def path(key):
+        return lambda: T.pick(gpu, key, [A, B, D], run=lambda c: None, in_model=True)
+
+    monkeypatch.setattr(C, "_timer", lambda name, fn: (fn(), {"exact": 2.0, "int8": 1.0}[name])[1])
+    # the calibration's own store on the CPU (no GPU here to name it); the paths tune for the "GPU"
+    assert C.choose(torch.device("cpu"), "cls", {"exact": path("k|exact"), "int8": path("k|int8")}, "exact") == "int8"
+    assert set(T._TRIALS) == {"k|int8"} and T.cache()["k|exact"] == A
+    assert tuner["k|exact"]["playoff"] == "not run: the calibration chose int8, not exact"
+    assert tuner["k|int8"]["playoff"] == "in the model's calls"
+    for _ in range(2 * TR.SAMPLES + 1):
+        c = T.pick(gpu, "k|int8", [A, B, D], run=lambda c: None, in_model=True)
+        clock.launch(c)
+        TR.end_call()
+    assert T.cache()["k|int8"] == B and tuner["k|int8"]["config"] == list(B)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_faster_of_two_matmuls_is_picked_from_their_calls():
+    dev = torch.device("cuda")
+    a, b = torch.randn(4096, 4096, device=dev), torch.randn(1024, 4096, device=dev)
+    work = {"big": lambda: a @ a, "small": lambda: b @ a}
+    settled = []
+    trial = TR.Trial(["big", "small"], None, lambda best, med: settled.append((best, med)), TR.CudaClock())
+    for _ in range(20 * TR.SAMPLES):
+        work[trial.next()]()
+        TR.end_call()
+        if settled:
+            break
+        torch.cuda.synchronize()
+    assert settled and settled[0][0] == "small", settled
+    med = settled[0][1]
+    assert 2.0 < med["big"] / med["small"] < 8.0, med  # 4x the FLOPs
