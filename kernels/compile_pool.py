@@ -339,12 +339,15 @@ class RoutingExecutor(Executor):
         self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tritonkit-prepare")
 
     def submit(self, fn, /, *args, **kwargs):
+        """The compile ``fn`` in a thread (through a worker where one can do it), then its kernel's
+        launcher (kernels/launchers.py): the future is done when both are."""
+        from . import launchers
         p = pool()
         job = job_of(fn) if p is not None and not args and not kwargs else None
         if job is not None:
-            return self._threads.submit(_via_worker, p, job, fn)
+            return self._threads.submit(launchers.compiled, _via_worker, p, job, fn)
         COUNTERS["thread_compiles"] += 1
-        return self._threads.submit(fn, *args, **kwargs)
+        return self._threads.submit(launchers.compiled, fn, *args, **kwargs)
 
     def shutdown(self, wait: bool = True, **kwargs):
         self._threads.shutdown(wait=wait, **kwargs)
