@@ -4,6 +4,9 @@
 load: every ``triton.compile`` of the process (the pack's kernels and those Inductor compiles in this
 process; its worker processes are not seen) is recorded with its kernel name, wall seconds, cache
 hit or miss, and the ptxas Triton was pointed at then (``TRITON_PTXAS_PATH``, or ``bundled``).
+Triton's C-module builds (``triton.runtime.build._build``: a launcher per kernel signature before Triton
+3.8, at the kernel's first launch unless kernels/launchers.py built it ahead) are recorded too, with
+their thread: ``summary``'s ``c_builds``.
 A warm restart that still compiles shows here which kernels missed and why their cache key moved:
 ``summary`` also lists the kernel names that have more than one entry in Triton's cache folder
 (the same kernel stored under two keys)."""
@@ -15,6 +18,7 @@ import time
 from pathlib import Path
 
 _records: list[dict] = []
+_builds: list[dict] = []  # Triton's C-module builds: {"name", "s", "thread", "t0"}
 _local = threading.local()
 _installed = False
 _saved: tuple = ()  # what install() replaced, for uninstall()
@@ -59,8 +63,36 @@ def install() -> bool:
     _saved = (knobs.compilation.listener, orig, tc.compile, triton.compile)
     knobs.compilation.listener = listener
     tcc.compile = tc.compile = triton.compile = compile
+    _install_build()
     _installed = True
     return True
+
+
+_build_saved = None
+
+
+def _install_build() -> None:
+    """Wraps ``triton.runtime.build._build`` (a C compiler run) where this Triton has it."""
+    global _build_saved
+    try:
+        import triton.runtime.build as tb
+        orig = tb._build
+    except Exception:  # noqa: BLE001 - another Triton: no C-module builds recorded
+        return
+
+    def _build(name, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return orig(name, *args, **kwargs)
+        finally:
+            _builds.append({"name": name, "s": round(time.perf_counter() - t0, 4),
+                            "thread": threading.current_thread().name, "t0": t0})
+    _build_saved = orig
+    tb._build = _build
+
+
+def builds() -> list[dict]:
+    return _builds
 
 
 def uninstall() -> None:
@@ -73,8 +105,13 @@ def uninstall() -> None:
     import triton.compiler.compiler as tcc
     from triton import knobs
     knobs.compilation.listener, tcc.compile, tc.compile, triton.compile = _saved
+    global _build_saved
+    if _build_saved is not None:
+        import triton.runtime.build as tb
+        tb._build, _build_saved = _build_saved, None
     _installed, _saved = False, ()
     _records.clear()
+    _builds.clear()
 
 
 def busy_s(recs: list[dict]) -> float:
@@ -103,7 +140,7 @@ def _started_by(miss: list[dict], origin: float, step: float = 1.0) -> list:
 
 
 def summary(recs: list[dict], cache_dir: str | None = None, top: int = 12, origin: float | None = None,
-            marks: tuple = ()) -> dict:
+            marks: tuple = (), builds: list[dict] | None = None) -> dict:
     """Counts, seconds and the slowest misses of ``recs``; with ``cache_dir`` (Triton's), the kernel
     names stored under more than one key. ``miss_busy_s``: wall seconds with a miss compiling (the
     compiles' share of a first step's wall time, however many ran at once); ``misses_by_name``:
@@ -134,6 +171,11 @@ def summary(recs: list[dict], cache_dir: str | None = None, top: int = 12, origi
                            # every miss, by start: [name, start, seconds, thread]
                            "misses": [[r["name"][:24], round(r["t0"] - origin, 2), round(r["s"], 2),
                                        r.get("thread", "?")[-12:]] for r in sorted(miss, key=lambda r: r["t0"])][:80]}
+    if builds is not None:
+        main = [b for b in builds if b["thread"] == "MainThread"]
+        out["c_builds"] = {"main_thread": len(main), "main_thread_s": round(sum(b["s"] for b in main), 2),
+                           "other_threads": len(builds) - len(main),
+                           "other_threads_s": round(sum(b["s"] for b in builds if b not in main), 2)}
     if cache_dir and Path(cache_dir).is_dir():
         keys: dict[str, int] = {}
         for meta in Path(cache_dir).glob("*/*.json"):

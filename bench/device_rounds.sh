@@ -17,6 +17,11 @@
 #            the glue runs ComfyUI's path meanwhile), C = B with TRITONKIT_COMPILE_WORKERS=${STORED_WORKERS:-4}
 #            (those compiles in worker processes, kernels/compile_pool.py); each process at most STORED_S
 #            seconds, traced
+#   COLD_S   issue 12's cold first step: HunyuanVideo with both nodes @86 (COLD_PLAN), COLD_STEPS (7) steps, every
+#            process with its own empty Triton cache and calibration folders, interleaved A B A B (COLD_ORDER);
+#            COLD_<letter> (COLD_A, COLD_B...): the environment that letter's processes run with (e.g.
+#            COLD_A="TRITONKIT_PLAYOFF_IN_MODEL=0"), COLD_PLAN_<letter> a plan of their own; each process at
+#            most COLD_S seconds, traced
 #   FLUX_ARGS / HUN_ARGS  more bench/workflow.py options for those parts (e.g. --warm-rounds for compiled rounds)
 #   SMI_MS   sample the GPU's clocks, power and temperature every SMI_MS ms into $OUT/smi.csv while the call runs
 #            (`python3 bench/first_steps.py --smi $OUT/smi.csv <workflow.json>` gives each run's medians)
@@ -107,6 +112,20 @@ if [ "${STORED_S:-0}" != 0 ]; then
     echo "stored $r (defer $defer, compile workers $workers) rc=$?"
     grep -E 'TritonKit compile:' "$O/stored_$r.log" | cut -c1-300 | tail -2
     python3 bench/first_steps.py "$O/stored_$r/workflow.json" | cut -c1-700 | tail -1
+  done
+fi
+if [ "${COLD_S:-0}" != 0 ]; then
+  for r in ${COLD_ORDER:-A1 B1 A2 B2}; do
+    l=${r%%[0-9]*} && ev="COLD_$l" && pv="COLD_PLAN_$l"
+    envs=${!ev:-} plan=${!pv:-}
+    tag="${r}_$(date +%s%N)"  # folders of their own: a warm machine keeps /tmp between calls
+    # shellcheck disable=SC2086
+    env $envs OUT="$O/cold_$r" TRITON_CACHE_DIR="/tmp/tk_cold_triton_$tag" TK_BENCH_TRACE_COMPILES=1 \
+      timeout "$COLD_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-hunyuan-scaled \
+      --steps "${COLD_STEPS:-7}" --rounds 1 --budget-s $(( COLD_S - 10 )) --calibration-dir "/tmp/tk_cold_cal_$tag" \
+      --plan "${plan:-${COLD_PLAN:-hunyuan-scaled:both@86}}" > "$O/cold_$r.log" 2>&1
+    echo "cold $r (${envs:-default}; ${plan:-${COLD_PLAN:-hunyuan-scaled:both@86}}) rc=$?"
+    python3 bench/first_steps.py "$O/cold_$r/workflow.json" | cut -c1-"${COLD_CUT:-1800}" | tail -1
   done
 fi
 [ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null

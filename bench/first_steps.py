@@ -38,7 +38,17 @@ def lines(doc: dict) -> list[str]:
             parts.append(f"calibrated {cal.get('calibrations', 0)} ({_f(cal.get('calibration_s'), 1)} s), "
                          f"tuned {cal.get('autotunes', 0)} ({_f(cal.get('autotune_s'), 1)} s)"
                          + (f", playoffs {cal.get('playoffs', 0)} run / {cal.get('playoffs_not_run')} not"
-                            if cal.get("playoffs_not_run") is not None else ""))
+                            if cal.get("playoffs_not_run") is not None else "")
+                         + (f", {cal['playoffs_in_model']} settled in the model's calls"
+                            if cal.get("playoffs_in_model") else ""))
+        played = [(k, v) for k, v in (cal.get("new_configs") or {}).items()
+                  if any(f in v for f in ("playoff", "playoff_sustained_ms", "playoff_in_model_ms"))]
+        if played:  # the block-config playoffs: where each ran, what it timed, what it picked
+            parts.append("playoffs: " + " | ".join(
+                f"{k.split('|')[-5:]} -> {v['config']} "
+                + (f"in the model {v['playoff_in_model_ms']}" if "playoff_in_model_ms" in v
+                   else f"bursts {v['playoff_sustained_ms']}" if "playoff_sustained_ms" in v else v["playoff"])
+                for k, v in played[:6]))
         skipped = sum(1 for v in (cal.get("new_choices") or {}).values() if v.get("not_timed"))
         if skipped or cal.get("rates"):
             rates = "; ".join(f"{k.split('|', 1)[1]} {v.get('matmul_tflops')} TFLOPS, {v.get('copy_gbps')} GB/s"
@@ -48,6 +58,8 @@ def lines(doc: dict) -> list[str]:
         if cal.get("deferred_calls") or r.get("calibrating_steps"):
             parts.append(f"{cal.get('prepared', 0)} prepared, {cal.get('warmed', 0)} stored warmed, "
                          f"compiles in workers {cal.get('worker_compiles', 0)} / threads {cal.get('thread_compiles', 0)}"
+                         + (f", launchers built ahead {cal['launchers_built']} ({_f(cal.get('launcher_s'))} s)"
+                            if cal.get("launchers_built") is not None else "")
                          + (f" ({r['compile_workers_ready']} workers ready at the start)"
                             if r.get("compile_workers_ready") is not None else "") + ", "
                          f"{cal.get('deferred_calls', 0)} calls deferred, "
@@ -57,6 +69,10 @@ def lines(doc: dict) -> list[str]:
             names = ", ".join(f"{n} {c}x {s}s" for n, (c, s) in list((tc.get("misses_by_name") or {}).items())[:4])
             parts.append(f"triton misses {tc.get('misses')} ({tc.get('miss_s')} s, busy {tc.get('miss_busy_s')} s"
                          f"; hits {tc.get('hits')} {tc.get('hit_s')} s) [{names}]")
+            cb = tc.get("c_builds")
+            if cb:
+                parts.append(f"C builds in the model's thread {cb['main_thread']} ({cb['main_thread_s']} s), "
+                             f"in others {cb['other_threads']} ({cb['other_threads_s']} s)")
             tl = tc.get("timeline")
             if tl:
                 parts.append(f"misses compiled from +{tl['first_start_s']} to +{tl['last_end_s']} s of the first call, "

@@ -453,8 +453,11 @@ def _calibration_state(attn_mod) -> dict:
     if C is None:
         return {}
     snap = C.snapshot()
-    pool = sys.modules.get(C.__name__.rsplit(".", 1)[0] + ".compile_pool")  # kernels/compile_pool.py, once loaded
-    counters = {**dict(C.COUNTERS), **(dict(pool.COUNTERS) if pool is not None else {})}
+    pkg = C.__name__.rsplit(".", 1)[0]
+    pool = sys.modules.get(pkg + ".compile_pool")  # kernels/compile_pool.py, once loaded
+    lau = sys.modules.get(pkg + ".launchers")      # kernels/launchers.py, once loaded
+    counters = {**dict(C.COUNTERS), **(dict(pool.COUNTERS) if pool is not None else {}),
+                **(dict(lau.COUNTERS) if lau is not None else {})}
     return {"counters": counters, "dir": snap["dir"], "timing": snap["timing"],
             "entries": {k: v for st in snap["stores"] for k, v in st["entries"].items()
                         if "choice" in v or "config" in v}}
@@ -497,15 +500,19 @@ def _calibration_delta(before: dict, after: dict) -> dict:
     out = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("calibrations", "timed_runs", "autotunes", "prepared",
                                                       "deferred_calls", "stalled_timings", "warmed",
                                                       "worker_compiles", "thread_compiles", "worker_starts",
-                                                      "cache_hits", "playoffs", "playoffs_not_run")}
-    out.update({k: round(c1[k] - c0.get(k, 0.0), 3) for k in ("calibration_s", "autotune_s") if k in c1})
+                                                      "cache_hits", "playoffs", "playoffs_not_run",
+                                                      "playoffs_in_model", "launchers_built")}
+    out.update({k: round(c1[k] - c0.get(k, 0.0), 3) for k in ("calibration_s", "autotune_s", "launcher_s")
+                if k in c1})
     return {**out, "timing": after["timing"], "dir": after["dir"],
             "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {}),
                                 **({"not_timed": v["not_timed"]} if v.get("not_timed") else {})}
                             for k, v in new.items() if "choice" in v},
             "rates": {k: v for k, v in new.items() if k.startswith("rates|")},
             # block-config picks of the kernels' tuner, with every candidate's median (kernels/tuning.py)
-            "new_configs": {k: {"config": v["config"], "candidates_ms": v.get("candidates_ms", {})}
+            "new_configs": {k: {"config": v["config"], "candidates_ms": v.get("candidates_ms", {}),
+                                **{f: v[f] for f in ("playoff", "playoff_sustained_ms", "playoff_in_model_ms")
+                                   if f in v}}
                             for k, v in new.items() if "config" in v}}
 
 
@@ -982,7 +989,7 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     counters.clear()
     arch_env = None if run.arch == "native" else run.arch
     fp8_mod, attn_mod = inproc.node_module(FP8_NODE), inproc.node_module(ATTN_NODE)
-    trace_from = len(compile_trace.records())
+    trace_from, builds_from = len(compile_trace.records()), len(compile_trace.builds())
     if os.environ.get(TRACE_ENV):
         _trace_prepare(attn_mod)
     census_from = len(_CENSUS)
@@ -1050,7 +1057,8 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
             _PREPARE_CALLS.clear()
         rec["triton_compiles"] = compile_trace.summary(compile_trace.records()[trace_from:],
                                                        os.environ.get("TRITON_CACHE_DIR"), origin=origin,
-                                                       marks=tuple(timer.ends[:3]))
+                                                       marks=tuple(timer.ends[:3]),
+                                                       builds=compile_trace.builds()[builds_from:])
     # timed steps: from step 2, or for a compiled run from the step after the last one in which
     # dynamo compiled (the pack's calibration runs a compiled model's first call eagerly when a
     # shape class is not measured yet, so Inductor then compiles in step 2)
