@@ -49,6 +49,13 @@ def lines(doc: dict) -> list[str]:
                 + (f"in the model {v['playoff_in_model_ms']}" if "playoff_in_model_ms" in v
                    else f"bursts {v['playoff_sustained_ms']}" if "playoff_sustained_ms" in v else v["playoff"])
                 for k, v in played[:6]))
+        slow = sorted([(v.get("took_s") or 0.0, "class " + k.split("|")[0] + "|" + "|".join(k.split("|")[-4:]))
+                       for k, v in (cal.get("new_choices") or {}).items()]
+                      + [(v.get("tune_s") or 0.0, "tuning " + "|".join(k.split("|")[-5:])
+                          + f" (compiles {v.get('compile_wait_s')} s)")
+                         for k, v in (cal.get("new_configs") or {}).items()], reverse=True)
+        if slow and slow[0][0]:  # the longest timings: a class's (its tunings included) and a tuning's own
+            parts.append("longest: " + " | ".join(f"{w} {s:.2f} s" for s, w in slow[:5]))
         skipped = sum(1 for v in (cal.get("new_choices") or {}).values() if v.get("not_timed"))
         if skipped or cal.get("rates"):
             rates = "; ".join(f"{k.split('|', 1)[1]} {v.get('matmul_tflops')} TFLOPS, {v.get('copy_gbps')} GB/s"

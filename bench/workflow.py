@@ -505,14 +505,14 @@ def _calibration_delta(before: dict, after: dict) -> dict:
     out.update({k: round(c1[k] - c0.get(k, 0.0), 3) for k in ("calibration_s", "autotune_s", "launcher_s")
                 if k in c1})
     return {**out, "timing": after["timing"], "dir": after["dir"],
-            "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {}),
+            "new_choices": {k: {"choice": v["choice"], "timings_ms": v.get("timings_ms", {}), "took_s": v.get("took_s"),
                                 **({"not_timed": v["not_timed"]} if v.get("not_timed") else {})}
                             for k, v in new.items() if "choice" in v},
             "rates": {k: v for k, v in new.items() if k.startswith("rates|")},
             # block-config picks of the kernels' tuner, with every candidate's median (kernels/tuning.py)
             "new_configs": {k: {"config": v["config"], "candidates_ms": v.get("candidates_ms", {}),
-                                **{f: v[f] for f in ("playoff", "playoff_sustained_ms", "playoff_in_model_ms")
-                                   if f in v}}
+                                **{f: v[f] for f in ("playoff", "playoff_sustained_ms", "playoff_in_model_ms",
+                                                     "tune_s", "compile_wait_s") if f in v}}
                             for k, v in new.items() if "config" in v}}
 
 

@@ -675,7 +675,8 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
                          "of %s failed (%s: %s); the configs of the first timing are kept", what or key,
                          type(e).__name__, e)
         entry = {"choice": choice, "default": default, "timings_ms": {k: round(v, 5) for k, v in timings.items()},
-                 "what": what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                 "what": what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "took_s": round(time.perf_counter() - t0, 4)}  # its timing, its candidates' tunings included
         if prefer in timings:
             entry["prefer"], entry["margin"] = prefer, PREFER_MARGIN
         if skipped:

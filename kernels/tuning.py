@@ -175,6 +175,7 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
                 prepare.prepare({c: functools.partial(warm, c) for c in cands}).wait()
             else:
                 compile_parallel(device, warm, cands)
+        t_timed = time.perf_counter()
         timed = time_all(device, {c: functools.partial(run, c) for c in cands})
         ms = {c: [t] for c, t in timed.items() if not isinstance(t, Exception)}  # candidate -> its timings
         owner = calibration.timing_owner() if os.environ.get(HOLD_ENV, "1").strip() != "0" else None
@@ -188,6 +189,9 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
             best, rec = _settle_here(device, key, cands, ms, run, weight, family, in_model)
         calibration.COUNTERS["autotunes"] += 1
         calibration.COUNTERS["autotune_s"] += time.perf_counter() - t0
+        if rec is not None:  # where a first tuning's seconds went: waiting for compiles, then the timing
+            rec["tune_s"] = round(time.perf_counter() - t0, 4)
+            rec["compile_wait_s"] = round(t_timed - t0, 4)
     if rec is not None:
         calibration.remember(device, key, rec)
     return best
