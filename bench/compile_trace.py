@@ -176,6 +176,8 @@ def summary(recs: list[dict], cache_dir: str | None = None, top: int = 12, origi
         out["c_builds"] = {"main_thread": len(main), "main_thread_s": round(sum(b["s"] for b in main), 2),
                            "other_threads": len(builds) - len(main),
                            "other_threads_s": round(sum(b["s"] for b in builds if b not in main), 2)}
+        if origin is not None:  # which, and when from the first model call's start (before it: negative)
+            out["c_builds"]["main_thread_at"] = [[b["name"], round(b["t0"] - origin, 2), b["s"]] for b in main][:12]
     if cache_dir and Path(cache_dir).is_dir():
         keys: dict[str, int] = {}
         for meta in Path(cache_dir).glob("*/*.json"):

@@ -37,14 +37,18 @@ def enabled() -> bool:
 
 
 class CudaClock:
-    """Start / end marks of a call on the current CUDA stream: event pairs, read once completed."""
+    """Start / end marks of a call on ``device``'s current CUDA stream (where the kernels launch): event
+    pairs, read once completed."""
+
+    def __init__(self, device=None):
+        self.device = device
 
     def capturing(self) -> bool:
         return torch.cuda.is_current_stream_capturing()
 
     def mark(self):
         ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
+        ev.record(torch.cuda.current_stream(self.device))
         return ev
 
     def ready(self, end) -> bool:

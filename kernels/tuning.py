@@ -219,7 +219,7 @@ def _settle_here(device, key: str, cands, ms: dict, run: Callable, weight: Optio
 
 def _clock(device):
     """The marks a playoff in the model's calls is timed with (tests replace this function)."""
-    return trials.CudaClock()
+    return trials.CudaClock(device)
 
 
 def _trial_settled(device, key: str, rec: dict, best: tuple, medians: dict) -> None:

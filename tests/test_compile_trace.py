@@ -61,3 +61,20 @@ def test_timeline_counts_misses_from_the_first_call():
     assert t["running_at"] == [[1.5, 1], [3.0, 1]]       # b at 1.5 s (a done, d not yet), d at 3.0 s
     assert t["started_by_s"] == [[1.0, 2, 0], [2.0, 2, 1], [3.0, 3, 2], [4.0, 3, 3]]
     assert "timeline" not in compile_trace.summary(recs)  # no origin: no timeline
+
+
+def test_c_builds_are_counted_by_thread_and_timed_from_the_first_call(trace):
+    import triton.runtime.build as tb
+    if trace._build_saved is None:
+        pytest.skip("this Triton has no triton.runtime.build._build")
+    assert tb._build.__name__ == "_build" and tb._build is not trace._build_saved  # wrapped while installed
+    b = [{"name": "__triton_launcher", "s": 0.3, "thread": "MainThread", "t0": 11.0},
+         {"name": "cuda_utils", "s": 0.2, "thread": "MainThread", "t0": 9.0},
+         {"name": "__triton_launcher", "s": 0.4, "thread": "tritonkit-prepare_0", "t0": 10.5}]
+    c = trace.summary([], origin=10.0, builds=b)["c_builds"]
+    assert (c["main_thread"], c["main_thread_s"], c["other_threads"], c["other_threads_s"]) == (2, 0.5, 1, 0.4)
+    assert c["main_thread_at"] == [["__triton_launcher", 1.0, 0.3], ["cuda_utils", -1.0, 0.2]]
+    assert "c_builds" not in trace.summary([])  # no build records given: nothing said
+    saved = trace._build_saved
+    trace.uninstall()
+    assert tb._build is saved and trace.builds() == []
