@@ -363,6 +363,41 @@ def decode(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16, scale: Optional
     return out
 
 
+# The decode variants a model's weights launch, compiled ahead (:func:`warm_decode`):
+# (fp8 dtype, output dtype, per-tensor scale?, round_scale?, numel a multiple of 16?)
+WARM_ENV = "TRITONKIT_WARM_DECODE"
+
+
+def warm_decode(device: torch.device, variants) -> Optional[object]:
+    """Compiles the decode kernel ahead, in the background (kernels/prepare.py), for each variant of
+    ``variants`` (see above) as a contiguous weight of that kind launches it; the kernels.prepare.Prepared
+    of those compiles, or None where nothing compiles ahead (not CUDA, a Triton without asynchronous
+    compiles, ``TRITONKIT_WARM_DECODE=0``). Below sm89 every fp8 layer's first calls run decode +
+    matmul while their candidates compile (nodes/calibration.py), so the model's first step waited for
+    this kernel's compile (and its launcher) in its thread: 0.7 s of an H100's cold first step with
+    compile workers (cProfile, 2026-11-26). Started when the model is patched, it compiles while the
+    model loads. Triton specializes the launch on its integer arguments being multiples of 16 and on
+    16-byte-aligned pointers: a 16- or 17-element tensor stands for the weight."""
+    import os
+    from . import prepare
+    if os.environ.get(WARM_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    if torch.device(device).type != "cuda" or not prepare.available():
+        return None
+    fns = {v: functools.partial(_warm_one, torch.device(device), *v) for v in sorted(set(variants), key=str)}
+    return prepare.prepare(fns) if fns else None
+
+
+def _warm_one(device, fp8_dtype, dtype, scaled, round_scale, mult16) -> None:
+    x = torch.zeros(16 if mult16 else 17, dtype=torch.uint8, device=device).view(fp8_dtype)
+    s = torch.ones(1, dtype=torch.float32, device=device) if scaled else None
+    n = LAUNCHES["decode"]
+    try:
+        decode(x, dtype, s, round_scale=bool(round_scale and scaled))  # compiles only (a preparing run)
+    finally:
+        LAUNCHES["decode"] = n  # nothing ran
+
+
 def encode(x: torch.Tensor, fp8_dtype: torch.dtype = torch.float8_e4m3fn, scale: Optional[torch.Tensor] = None,
            saturate: Optional[bool] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """fp32/fp16/bf16 -> fp8 of ``x / scale`` with round-to-nearest-even. ``saturate=None``

@@ -618,6 +618,29 @@ def _predecoded(p: torch.Tensor, dtype: torch.dtype, device: torch.device) -> to
     return torch.nn.Parameter(v, requires_grad=False)
 
 
+def decode_variants(plan: Plan, dm) -> set:
+    """The decode launches the patched layers' weights make without weight functions (LoRA), as
+    kernels/fp8.py's warm_decode takes them: (fp8 dtype, compute dtype, per-tensor scale?, round_scale?,
+    numel a multiple of 16?). Per-row scales are left out (their row length specializes the kernel too)."""
+    dtype = plan.compute_dtype
+    out: set = set()
+    if dtype is None:
+        return out
+    for name, cfg in plan.layers.items():
+        m = dm.get_submodule(name)
+        w = getattr(m, "weight", None)
+        if cfg.quant is not None:
+            codes, scale, rs = w._qdata, w._params.scale, dict(cfg.quant).get(dtype)
+        else:
+            codes, scale, rs = w, getattr(m, "scale_weight", None), False
+        if not isinstance(codes, torch.Tensor) or codes.dtype not in FP8_DTYPES:
+            continue
+        if scale is not None and (not isinstance(scale, torch.Tensor) or scale.numel() != 1):
+            continue
+        out.add((codes.dtype, dtype, scale is not None, bool(rs) and scale is not None, codes.numel() % 16 == 0))
+    return out
+
+
 def apply_plan(model, plan: Plan) -> None:
     """Adds the object patches of ``plan`` to ``model`` (a clone) and the per-run summary."""
     import comfy.patcher_extension
@@ -642,6 +665,13 @@ def apply_plan(model, plan: Plan) -> None:
     device = torch.device(model.load_device)
     for pname, (p, dtype) in plan.predecode.items():
         model.add_object_patch(f"diffusion_model.{pname}", _predecoded(p, dtype, device))
+    if device.type == "cuda" and plan.layers:
+        from ..kernels.fp8 import warm_decode
+        try:  # the weights' decode kernel compiles while the model loads (kernels/fp8.py: warm_decode)
+            warm_decode(device, decode_variants(plan, dm))
+        except Exception as e:  # noqa: BLE001 - it then compiles at the first step, as before
+            log_once(f"warm:{type(e).__name__}", f"Triton fp8 Fallback: the decode kernel was not compiled ahead "
+                     f"({type(e).__name__}: {e}); it compiles at the first step", logging.DEBUG)
     if plan.active and plan.mode == "auto":
         from . import calibration as calib
         calib.add_wrapper(model)  # under TorchCompileModel: the first call runs eagerly and calibrates

@@ -274,3 +274,55 @@ def test_eager_op_wrappers_skip_the_dispatcher_and_compiled_ones_keep_it(monkeyp
     fp8.decode_op(w, torch.float32)
     fl.linear_op(torch.zeros(2, 2), w)
     assert calls == ["decode", "linear"]
+
+
+def test_warm_decode_compiles_each_variant_as_a_weight_launches_it(monkeypatch):
+    # off CUDA, or switched off: nothing; on CUDA each variant runs in a preparing run (compile only)
+    assert fp8.warm_decode(torch.device("cpu"), {(torch.float8_e4m3fn, torch.bfloat16, True, True, True)}) is None
+    from tritonkit.kernels import prepare
+    got = {}
+    monkeypatch.setattr(prepare, "available", lambda: True)
+    monkeypatch.setattr(prepare, "prepare", lambda fns: got.update(fns) or "prepared")
+    v1, v2 = (torch.float8_e4m3fn, torch.bfloat16, True, True, True), (torch.float8_e5m2, torch.float16, False, False, False)
+    assert fp8.warm_decode(torch.device("cuda"), [v1, v2, v1]) == "prepared" and set(got) == {v1, v2}
+    monkeypatch.setenv(fp8.WARM_ENV, "0")
+    assert fp8.warm_decode(torch.device("cuda"), [v1]) is None
+    # what each runs: the decode of a 16- (or 17-) element tensor of that kind, its launch not counted
+    calls = []
+    real = fp8.decode
+
+    def decode(x, dtype, scale=None, round_scale=False):
+        fp8.LAUNCHES["decode"] += 1
+        calls.append((x.dtype, x.numel(), dtype, None if scale is None else scale.tolist(), round_scale))
+        return real(x, dtype, scale, round_scale=round_scale)
+    monkeypatch.setattr(fp8, "decode", decode)
+    n = fp8.LAUNCHES["decode"]
+    fp8._warm_one(torch.device("cpu"), *v1)
+    fp8._warm_one(torch.device("cpu"), *v2)
+    assert calls == [(torch.float8_e4m3fn, 16, torch.bfloat16, [1.0], True), (torch.float8_e5m2, 17, torch.float16, None, False)]
+    assert fp8.LAUNCHES["decode"] == n
+
+
+@pytest.mark.gpu
+def test_gpu_a_warmed_decode_compiles_nothing_at_the_weights_first_call():
+    from triton import knobs
+    from tritonkit.kernels import prepare
+    if not prepare.available() or not hasattr(knobs.compilation, "listener"):
+        pytest.skip("this Triton compiles nothing in the background (3.4+)")
+    dev = torch.device("cuda")
+    # a variant no other test launches: e5m2 codes to fp16 with a rounded per-tensor scale
+    w = (torch.randn(3072, 3072, device=dev) * 0.1).to(torch.float8_e5m2)
+    scale = torch.tensor(0.0123, device=dev)
+    prep = fp8.warm_decode(dev, {(w.dtype, torch.float16, True, True, w.numel() % 16 == 0)})
+    prep.wait()
+    compiled = []
+    saved = knobs.compilation.listener
+    knobs.compilation.listener = lambda *a, **kw: compiled.append(kw.get("src"))
+    try:
+        out = fp8.decode(w, torch.float16, scale, round_scale=True)
+        torch.cuda.synchronize()
+    finally:
+        knobs.compilation.listener = saved
+    assert compiled == []
+    ref = (w.float() * scale.half().float()).half()
+    assert torch.equal(out, ref)

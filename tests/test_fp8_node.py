@@ -213,6 +213,18 @@ def test_scaled_fp8_layers(comfy, node):
         clone.unpatch_model()
 
 
+def test_the_weights_decode_variants_are_known_at_patch_time(comfy, node):
+    # what kernels/fp8.py's warm_decode compiles while the model loads: one variant per kind of weight
+    base, mp = build(comfy, compute_dtype=torch.bfloat16)
+    plan = node.plan_model(mp, "auto")
+    assert node.decode_variants(plan, base.diffusion_model) == {(FP8, torch.bfloat16, False, False, True)}
+    if hasattr(comfy.ops, "scaled_fp8_ops"):
+        ops = comfy.ops.scaled_fp8_ops(fp8_matrix_mult=False, scale_input=False, override_dtype=FP8)
+        base, mp = build(comfy, ops=ops, compute_dtype=torch.float16)
+        got = node.decode_variants(node.plan_model(mp, "auto"), base.diffusion_model)
+        assert (FP8, torch.float16, True, False, True) in got, got
+
+
 def test_unhandled_layers_are_reported(comfy, node):
     base, mp = build(comfy)
     dm = base.diffusion_model
@@ -372,6 +384,17 @@ def test_quantized_layers_are_served_and_match_comfyui(comfy, node, kitchen, mod
     finally:
         clone.unpatch_model()
     assert isinstance(dm.img_in.weight, kitchen) and torch.equal(run(base, X), ref)
+
+
+def test_quantized_layers_decode_variants_carry_comfyuis_rounding(comfy, node, kitchen):
+    base, mp = build_quantized(comfy, compute_dtype=torch.bfloat16)
+    plan = node.plan_model(mp, "auto")
+    got = node.decode_variants(plan, base.diffusion_model)
+    rs = {dict(plan.layers[n].quant)[torch.bfloat16] for n in QUANT_LAYERS}
+    assert len(rs) == 1, rs  # the same probe for every layer of one layout
+    rs = bool(rs.pop())
+    assert got == {(FP8, torch.bfloat16, True, rs, True), (E5M2, torch.bfloat16, True, rs, True),
+                   (FP8, torch.bfloat16, False, False, True)}, got  # the e4m3fn, e5m2 layers, the fp8 Conv1d
 
 
 def test_quantized_weight_functions_see_the_dequantized_weight(comfy, node, kitchen):
