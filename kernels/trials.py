@@ -29,6 +29,8 @@ ENV = "TRITONKIT_PLAYOFF_IN_MODEL"
 # timings per finalist before the pick: the model's calls of one key are alike, and a 7-11 ms
 # attention call varies by about 1 % between them
 SAMPLES = 6
+# a finalist whose calls raised (no end marked) this many times leaves the trial
+MAX_LOST = 2
 _local = threading.local()  # .pending: (trial, config, start mark) of this thread's call in flight
 
 
@@ -70,6 +72,7 @@ class Trial:
         self._turn = 0
         self._inflight: list = []  # (config, start mark, end mark) not yet read
         self.samples: dict = {c: [] for c in self.finalists}
+        self._lost: dict = {c: 0 for c in self.finalists}  # calls handed out that never ended
         self.settled = False
         self._lock = threading.Lock()
 
@@ -80,13 +83,17 @@ class Trial:
     def next(self, untimed: bool = False):
         """The config this call runs. Unless ``untimed`` (or a CUDA graph is being captured), its start
         is marked and :func:`end_call` marks its end after the launch."""
-        _local.pending = None  # a call that never ended (it raised): dropped
+        prev = getattr(_local, "pending", None)
+        _local.pending = None
+        if prev is not None:  # a call that never ended (it raised): dropped, and counted against its config
+            prev[0]._lose(prev[1])
         finished = None
         with self._lock:
             if self.settled:
                 return self.best
             self._read()
-            if all(len(s) >= SAMPLES for s in self.samples.values()):
+            live = [c for c in self.finalists if self._lost[c] < MAX_LOST]
+            if all(len(self.samples[c]) >= SAMPLES for c in live):
                 finished = self._finish()
             elif untimed or self.clock.capturing():
                 return self.provisional
@@ -106,9 +113,14 @@ class Trial:
         for _ in range(len(self.finalists)):
             c = self.finalists[self._turn % len(self.finalists)]
             self._turn += 1
-            if len(self.samples[c]) + sum(1 for f, _, _ in self._inflight if f == c) < SAMPLES:
+            if self._lost[c] < MAX_LOST and \
+                    len(self.samples[c]) + sum(1 for f, _, _ in self._inflight if f == c) < SAMPLES:
                 return c
         return None
+
+    def _lose(self, c) -> None:
+        with self._lock:
+            self._lost[c] += 1
 
     def _end(self, c, start) -> None:
         end = self.clock.mark()
@@ -129,9 +141,9 @@ class Trial:
         return {c: statistics.median(s) for c, s in self.samples.items() if s}
 
     def _finish(self) -> tuple:
-        med = self.medians()
+        med = {c: t for c, t in self.medians().items() if self._lost[c] < MAX_LOST}
         w = self.weight or (lambda c: 1.0)
-        self.best = min(med, key=lambda c: med[c] * w(c))
+        self.best = min(med, key=lambda c: med[c] * w(c)) if med else self.provisional
         self.settled = True
         self._inflight = []
         return self.best, med

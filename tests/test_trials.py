@@ -98,6 +98,22 @@ def test_graph_capture_and_preparing_runs_are_not_timed_and_a_failed_call_is_dro
     assert sum(len(s) for s in trial.samples.values()) + len(trial._inflight) == 1
 
 
+def test_a_finalist_whose_calls_raise_leaves_the_trial():
+    clock = FakeClock({A: 10.0, B: 9.0})
+    settled = []
+    trial = TR.Trial([A, B], None, lambda best, med: settled.append((best, med)), clock)
+    runs = []
+    for _ in range(2 * TR.SAMPLES + 4):
+        c = trial.next()
+        runs.append(c)
+        if c == B:
+            continue  # its launch raised (the caller falls back): no end_call
+        clock.launch(c)
+        TR.end_call()
+    assert runs.count(B) == TR.MAX_LOST  # handed out no more once it lost that many calls
+    assert settled == [(A, {A: 10.0})] and trial.next() == A
+
+
 @pytest.fixture
 def tuner(tmp_path, monkeypatch):
     monkeypatch.setenv(C.ENV_DIR, str(tmp_path / "calib"))
