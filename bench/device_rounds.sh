@@ -13,10 +13,11 @@
 #   STORED_S issue 13's stored case: HunyuanVideo natively through the Triton Compile Model, the calibration stored
 #            by a first process, each later process on empty compile caches (Triton's included), interleaved
 #            A B A B (STORED_ORDER): A = TRITONKIT_CALIBRATION_DEFER=0 (the stored choices' kernels compile as the
-#            eager glue launches them, one after another), B = the default (they compile in the background and
-#            the glue runs ComfyUI's path meanwhile), C = B with TRITONKIT_COMPILE_WORKERS=${STORED_WORKERS:-4}
-#            (those compiles in worker processes, kernels/compile_pool.py); each process at most STORED_S
-#            seconds, traced
+#            eager glue launches them, one after another), B = they compile in the background, in threads
+#            (TRITONKIT_COMPILE_WORKERS=0), and the glue runs ComfyUI's path meanwhile, C = B with
+#            TRITONKIT_COMPILE_WORKERS=${STORED_WORKERS:-4} (those compiles in worker processes,
+#            kernels/compile_pool.py), D = the default (no variable: workers since Triton's cache is cold);
+#            each process at most STORED_S seconds, traced
 #   COLD_S   issue 12's cold first step: HunyuanVideo with both nodes @86 (COLD_PLAN), COLD_STEPS (7) steps, every
 #            process with its own empty Triton cache and calibration folders, interleaved A B A B (COLD_ORDER);
 #            COLD_<letter> (COLD_A, COLD_B...): the environment that letter's processes run with (e.g.
@@ -103,13 +104,14 @@ PY
 fi
 if [ "${STORED_S:-0}" != 0 ]; then
   for r in P0 ${STORED_ORDER:-A1 B1 A2 B2}; do
-    case $r in A*) defer=0 workers=0 ;; C*) defer=1 workers=${STORED_WORKERS:-4} ;; *) defer=1 workers=0 ;; esac
-    OUT="$O/stored_$r" TK_BENCH_TRACE_COMPILES=1 TRITONKIT_CALIBRATION_DEFER=$defer \
-      TRITONKIT_COMPILE_WORKERS=$workers timeout "$STORED_S" \
+    case $r in A*) defer=0 workers=0 ;; C*) defer=1 workers=${STORED_WORKERS:-4} ;; D*) defer=1 workers= ;;
+      *) defer=1 workers=0 ;; esac
+    env -u TRITONKIT_COMPILE_WORKERS ${workers:+TRITONKIT_COMPILE_WORKERS=$workers} \
+      OUT="$O/stored_$r" TK_BENCH_TRACE_COMPILES=1 TRITONKIT_CALIBRATION_DEFER=$defer timeout "$STORED_S" \
       bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-hunyuan-scaled --steps 5 --no-second-res \
       --compile-cache "/tmp/tk_cc_stored_$r" --calibration-dir /tmp/tk_cal_stored \
       --plan hunyuan-scaled:both:regional > "$O/stored_$r.log" 2>&1
-    echo "stored $r (defer $defer, compile workers $workers) rc=$?"
+    echo "stored $r (defer $defer, compile workers ${workers:-default}) rc=$?"
     grep -E 'TritonKit compile:' "$O/stored_$r.log" | cut -c1-300 | tail -2
     python3 bench/first_steps.py "$O/stored_$r/workflow.json" | cut -c1-700 | tail -1
   done

@@ -19,20 +19,28 @@ Triton checks itself.
 
 Workers start in the background at ComfyUI's start (:func:`start_at_launch`, from the pack's
 ``__init__``), else the first time a compile is submitted; until one has imported Triton and the pack's
-kernels, compiles run in the threads. ``TRITONKIT_COMPILE_WORKERS=N`` turns them on with N workers.
-**Off by default**: each worker is a Python process with torch imported (about 600 MB resident on
-Linux) from ComfyUI's start until IDLE_S after its last compile, and the gain is a second or so once
-per cold cache. Measured 2026-11-26 (Triton 3.6.0, torch 2.11, HunyuanVideo eager @86, every cache
-empty, 8 workers against the threads, A B A B): the cold calibration's extra time 4.51-4.88 s against
-5.55-5.57 on an H100, 6.15-6.32 against 7.53-7.73 on an H200; with the calibration stored and the
-blocks compiled by the Triton Compile Model, 4 workers gave 10.4-11.0 s against 11.6-12.7 on the H200
-and no gain beyond Inductor's own spread on the H100.
+kernels, compiles run in the threads. Each worker is a Python process with torch imported (about 600 MB
+resident on Linux) from ComfyUI's start until IDLE_S after its last compile, and the gain is a second or
+more once per cold cache. So by default (``TRITONKIT_COMPILE_WORKERS`` unset, or ``cold``) they start only
+when that is now: where Triton's cache folder holds nothing the pack compiled with this Triton and these
+kernel sources (:func:`cold`, a small marker file that the first background compile writes into the
+folder; ``install.py`` empties it with the folder), and only as many as a tenth of the machine's RAM
+holds (:func:`cold_workers`). ``0`` turns them off, ``auto`` (one core less than the machine has, at
+most MAX_WORKERS) or a number turns them on at every start. Measured (Triton 3.6.0, torch 2.11,
+HunyuanVideo eager @86, every cache empty, 8 workers against the threads, A B A B): the cold
+calibration's extra time 4.51-4.88 s against 5.55-5.57 on an H100, 6.15-6.32 against 7.53-7.73 on an
+H200 (2026-11-26, before kernels/launchers.py); with the launchers built in the background, 1.95-2.83 s
+against 2.98-6.31 on H100s (2026-11-26, twenty-first and twenty-second sessions); with the calibration
+stored and the blocks compiled by the Triton Compile Model, 4 workers gave 10.4-11.0 s against
+11.6-12.7 on the H200 and no gain beyond Inductor's own spread on the H100.
 
 This file is also the worker: ``python compile_pool.py ROOT ROOT_PATH`` reads pickled jobs on stdin and
 answers on stdout.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import pickle
@@ -46,6 +54,12 @@ from typing import Optional
 log = logging.getLogger("TritonKit")
 
 WORKERS_ENV = "TRITONKIT_COMPILE_WORKERS"
+# The marker file, in Triton's cache folder, that says the pack's kernels were compiled there (cold()).
+MARK_FILE = "tritonkit-compiled.json"
+# Without the variable, workers start on a cold cache only, at most as many as RAM_SHARE of the machine's
+# RAM holds at WORKER_RAM bytes each (the resident size of a worker on Linux, torch and Triton imported).
+WORKER_RAM = 600 * 2**20
+RAM_SHARE = 0.10
 # With the variable set to "auto": one core less than the machine has, at most this many.
 MAX_WORKERS = 8
 # A worker that dies is replaced, at most this many times in a process; then the pool closes.
@@ -77,19 +91,89 @@ _ROOT_PATH = os.path.dirname(_HERE)
 
 
 def workers() -> int:
-    """How many worker processes: ``TRITONKIT_COMPILE_WORKERS`` (a number, or ``auto``: one core less
-    than the machine has, at most MAX_WORKERS); 0, none, when it is not set (see the module's
-    docstring)."""
+    """How many worker processes: ``TRITONKIT_COMPILE_WORKERS`` as a number, or ``auto`` (one core less
+    than the machine has, at most MAX_WORKERS); unset or ``cold``, what :func:`start_at_launch` decided for
+    this process (0 unless Triton's cache was cold at ComfyUI's start); 0 turns them off."""
     raw = os.environ.get(WORKERS_ENV, "").strip().lower()
-    if not raw:
-        return 0
+    if not raw or raw == "cold":
+        return _cold_n
     if raw == "auto":
         return max(1, min((os.cpu_count() or 2) - 1, MAX_WORKERS))
     try:
         return max(0, int(raw))
     except ValueError:
-        log.warning("TritonKit: %s=%r is neither a number nor auto; no compile workers", WORKERS_ENV, raw)
+        log.warning("TritonKit: %s=%r is neither a number, auto nor cold; no compile workers", WORKERS_ENV, raw)
         return 0
+
+
+# the number of workers the default (cold) gives this process, decided once at ComfyUI's start
+_cold_n = 0
+
+
+def cold_workers(cpu_count: Optional[int], ram_bytes: Optional[int]) -> int:
+    """How many workers a cold cache gets on a machine with ``cpu_count`` cores and ``ram_bytes`` of RAM:
+    one core less than it has, at most MAX_WORKERS, and no more than RAM_SHARE of its RAM holds; none
+    where either is unknown."""
+    if not cpu_count or not ram_bytes:
+        return 0
+    return max(0, min(cpu_count - 1, MAX_WORKERS, int(RAM_SHARE * ram_bytes // WORKER_RAM)))
+
+
+def stamp() -> dict:
+    """What the pack's compiled kernels in Triton's cache depend on, beside the GPU: Triton's version and
+    the kernel modules' sources (Triton keys its cache by both, so either changing makes it cold)."""
+    import triton
+    h = hashlib.sha256()
+    for name in KERNEL_MODULES:
+        with open(os.path.join(_HERE, name.split(".")[-1] + ".py"), "rb") as f:
+            h.update(f.read())
+    return {"triton": getattr(triton, "__version__", "?"), "kernels": h.hexdigest()[:16]}
+
+
+def cold(cache_dir: Optional[str], want: dict) -> bool:
+    """Whether Triton's cache folder holds nothing the pack compiled with ``want`` (:func:`stamp`): no
+    marker, an unreadable one, or one of another Triton or other kernel sources."""
+    if not cache_dir:
+        return True
+    try:
+        with open(os.path.join(cache_dir, MARK_FILE), encoding="utf-8") as f:
+            return json.load(f) != want
+    except (OSError, ValueError):
+        return True
+
+
+_marked = False
+
+
+def mark_compiled(cache_dir: Optional[str] = None) -> None:
+    """Writes the marker once per process, after a background compile succeeded (written whole or not
+    at all; a folder that can't take it only means workers at the next start)."""
+    global _marked
+    if _marked:
+        return
+    _marked = True
+    cache_dir = cache_dir or _cache_dir()
+    if not cache_dir:
+        return
+    try:
+        want = stamp()
+        if not cold(cache_dir, want):
+            return
+        os.makedirs(cache_dir, exist_ok=True)
+        tmp = os.path.join(cache_dir, f"{MARK_FILE}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(want, f)
+        os.replace(tmp, os.path.join(cache_dir, MARK_FILE))
+    except Exception as e:  # noqa: BLE001
+        log.debug("TritonKit: could not mark Triton's cache as compiled (%s)", e)
+
+
+def _ram_bytes() -> Optional[int]:
+    try:
+        import psutil  # ComfyUI's own dependency (comfy/model_management.py)
+        return int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _unwrap(obj):
@@ -320,10 +404,27 @@ def start() -> None:
 
 
 def start_at_launch() -> bool:
-    """At ComfyUI's start (the pack's ``__init__``): starts the workers where they are turned on and
-    a CUDA GPU is there to compile for; whether it did. A worker needs seconds to import torch: started
-    when the first model was patched, they were not ready for its first step (see the docstring)."""
-    if workers() <= 0:
+    """At ComfyUI's start (the pack's ``__init__``): starts the workers where a CUDA GPU is there to
+    compile for and they are turned on, or, by default, where Triton's cache is cold (:func:`cold`, with
+    :func:`cold_workers` of them); whether it did. A worker needs seconds to import torch: started when
+    the first model was patched, they were not ready for its first step (see the docstring)."""
+    global _cold_n
+    raw = os.environ.get(WORKERS_ENV, "").strip().lower()
+    if raw in ("", "cold"):
+        import torch
+        if not torch.cuda.is_available():
+            return False
+        n = cold_workers(os.cpu_count(), _ram_bytes())
+        try:
+            if n <= 0 or not cold(_cache_dir(), stamp()):
+                return False
+        except Exception as e:  # noqa: BLE001 - Triton that does not import: the self-test says why
+            log.debug("TritonKit: no compile workers (%s: %s)", type(e).__name__, e)
+            return False
+        _cold_n = n
+        log.info("TritonKit: Triton's cache holds none of the pack's kernels yet: %d compile worker(s) start for "
+                 "the first run (%s=0 turns them off)", n, WORKERS_ENV)
+    elif workers() <= 0:
         return False
     import torch
     if not torch.cuda.is_available():
@@ -345,12 +446,20 @@ class RoutingExecutor(Executor):
         p = pool()
         job = job_of(fn) if p is not None and not args and not kwargs else None
         if job is not None:
-            return self._threads.submit(launchers.compiled, _via_worker, p, job, fn)
-        COUNTERS["thread_compiles"] += 1
-        return self._threads.submit(launchers.compiled, fn, *args, **kwargs)
+            fut = self._threads.submit(launchers.compiled, _via_worker, p, job, fn)
+        else:
+            COUNTERS["thread_compiles"] += 1
+            fut = self._threads.submit(launchers.compiled, fn, *args, **kwargs)
+        fut.add_done_callback(_mark_when_done)
+        return fut
 
     def shutdown(self, wait: bool = True, **kwargs):
         self._threads.shutdown(wait=wait, **kwargs)
+
+
+def _mark_when_done(fut) -> None:
+    if not _marked and not fut.cancelled() and fut.exception() is None:
+        mark_compiled()
 
 
 def _cached(compile_fn) -> bool:

@@ -5,6 +5,7 @@ thread compiles, as before. Targets are GPU architectures: Triton compiles them 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -215,6 +216,7 @@ def test_no_workers_unless_turned_on(monkeypatch, value):
     else:
         monkeypatch.setenv(CP.WORKERS_ENV, value)
     monkeypatch.setattr(CP, "_pool", None)
+    monkeypatch.setattr(CP, "_cold_n", 0)  # the default: none unless ComfyUI's start found the cache cold
     assert CP.workers() == 0 and CP.pool() is None
     CP.start()  # nothing to start, nothing raised
     ex = CP.RoutingExecutor(1)
@@ -238,7 +240,7 @@ def test_started_at_launch_only_where_turned_on_and_a_gpu_is_there(monkeypatch):
     started = []
     monkeypatch.setattr(CP._Pool, "start", lambda self: started.append(self.n))
     monkeypatch.setattr(CP, "_pool", None)
-    monkeypatch.delenv(CP.WORKERS_ENV, raising=False)
+    monkeypatch.setenv(CP.WORKERS_ENV, "0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert CP.start_at_launch() is False and started == []
     monkeypatch.setenv(CP.WORKERS_ENV, "2")
@@ -246,6 +248,93 @@ def test_started_at_launch_only_where_turned_on_and_a_gpu_is_there(monkeypatch):
     assert CP.start_at_launch() is False and started == []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert CP.start_at_launch() is True and started == [2]
+
+
+def test_cold_workers_are_bounded_by_cores_and_a_tenth_of_the_ram():
+    gib = 2**30
+    assert CP.cold_workers(16, 128 * gib) == CP.MAX_WORKERS
+    assert CP.cold_workers(4, 128 * gib) == 3
+    assert CP.cold_workers(16, 32 * gib) == int(0.1 * 32 * gib // CP.WORKER_RAM) == 5
+    assert CP.cold_workers(16, 8 * gib) == 1
+    assert CP.cold_workers(16, 4 * gib) == 0
+    assert CP.cold_workers(1, 128 * gib) == 0
+    assert CP.cold_workers(None, 128 * gib) == 0 and CP.cold_workers(16, None) == 0
+
+
+def test_the_marker_says_warm_only_for_this_triton_and_these_kernels(tmp_path, monkeypatch, caplog):
+    cache = tmp_path / "triton-cache"
+    want = CP.stamp()
+    assert set(want) == {"triton", "kernels"} and len(want["kernels"]) == 16
+    assert CP.cold(str(cache), want) and CP.cold(None, want)
+    monkeypatch.setattr(CP, "_marked", False)
+    CP.mark_compiled(str(cache))
+    assert not CP.cold(str(cache), want)
+    assert [p.name for p in cache.iterdir()] == [CP.MARK_FILE]  # written whole: no temporary file left
+    assert CP.cold(str(cache), dict(want, triton="0.0"))  # another Triton
+    assert CP.cold(str(cache), dict(want, kernels="0" * 16))  # other kernel sources
+    (cache / CP.MARK_FILE).write_text("{not json")
+    assert CP.cold(str(cache), want)
+    CP.mark_compiled(str(cache))  # once per process: a second call writes nothing
+    assert CP.cold(str(cache), want)
+
+
+def test_by_default_workers_start_on_a_cold_cache_only(tmp_path, monkeypatch):
+    """Unset: at ComfyUI's start, workers (as many as cold_workers gives) where Triton's cache holds none of
+    the pack's kernels; a successful background compile marks the cache, and the next start has none."""
+    import torch
+    cache = tmp_path / "triton-cache"
+    started = []
+    monkeypatch.setattr(CP._Pool, "start", lambda self: started.append(self.n))
+    monkeypatch.setattr(CP, "_pool", None)
+    monkeypatch.setattr(CP, "_cold_n", 0)
+    monkeypatch.setattr(CP, "_marked", False)
+    monkeypatch.setattr(CP, "_cache_dir", lambda: str(cache))
+    monkeypatch.setattr(CP, "_ram_bytes", lambda: 64 * 2**30)
+    monkeypatch.setattr(CP.os, "cpu_count", lambda: 6)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv(CP.WORKERS_ENV, raising=False)
+    assert CP.start_at_launch() is True and started == [5] and CP.workers() == 5
+    assert CP.pool().n == 5
+
+    monkeypatch.setattr(CP, "_pool", None)  # a compile in the threads (no worker pool) marks the cache too
+    monkeypatch.setattr(CP, "_cold_n", 0)
+    ex = CP.RoutingExecutor(1)
+    try:
+        assert ex.submit(lambda: 7).result(timeout=10) == 7
+        for _ in range(100):  # the done-callback runs in the pool's thread, after the result is set
+            if (cache / CP.MARK_FILE).exists():
+                break
+            time.sleep(0.05)
+    finally:
+        ex.shutdown()
+    assert not CP.cold(str(cache), CP.stamp())
+
+    started.clear()  # the next ComfyUI start: warm, no workers
+    assert CP.start_at_launch() is False and started == [] and CP.workers() == 0
+    monkeypatch.setenv(CP.WORKERS_ENV, "cold")
+    assert CP.start_at_launch() is False and started == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # nor on a machine without a CUDA GPU
+    (cache / CP.MARK_FILE).unlink()
+    assert CP.start_at_launch() is False and started == []
+
+
+def test_a_failed_compile_does_not_mark_the_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setattr(CP, "_pool", None)
+    monkeypatch.setattr(CP, "_cold_n", 0)
+    monkeypatch.setattr(CP, "_marked", False)
+    monkeypatch.setattr(CP, "_cache_dir", lambda: str(cache))
+    monkeypatch.delenv(CP.WORKERS_ENV, raising=False)
+    ex = CP.RoutingExecutor(1)
+
+    def boom():
+        raise RuntimeError("compile failed")
+    try:
+        with pytest.raises(RuntimeError):
+            ex.submit(boom).result(timeout=10)
+    finally:
+        ex.shutdown()
+    assert not (cache / CP.MARK_FILE).exists() and CP._marked is False
 
 
 def test_the_worker_imports_the_pack_under_comfyuis_module_name(tmp_path, monkeypatch):
