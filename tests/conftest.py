@@ -50,6 +50,12 @@ def _cuda_available() -> bool:
         return False
 
 
+# The tests' background compiles leave Triton's cache folder unmarked (kernels/compile_pool.py: a marked folder
+# starts no compile workers at ComfyUI's start); the tests of the marker reset this themselves.
+from tritonkit.kernels import compile_pool as _compile_pool  # noqa: E402
+
+_compile_pool._marked = True
+
 # fixtures that mean "this test runs real ComfyUI code" (see the module docstring)
 COMFYUI_FIXTURES = ("comfy_server", "comfy")
 
