@@ -372,7 +372,16 @@ def calibration_info() -> dict:
     return {"dir": d, "timing": C.timing_enabled(), "counters": dict(C.COUNTERS),
             "forced": {NC.ATTN_PATH_ENV: NC.forced(NC.ATTN_PATH_ENV, NC.ATTN_PATHS),
                        NC.FP8_PATH_ENV: NC.forced(NC.FP8_PATH_ENV, NC.FP8_PATHS)},
-            "files": files}
+            "compile_workers": compile_workers_info(), "files": files}
+
+
+def compile_workers_info() -> dict:
+    """The background compiles' worker processes (kernels/compile_pool.py): how many this process has
+    (0: the compiles run in threads), how many are up now, and what they did."""
+    from ..kernels import compile_pool as CP
+    p = CP._pool
+    return {"workers": CP.workers(), "setting": os.environ.get(CP.WORKERS_ENV, "").strip() or "cold",
+            "alive": p._alive if p is not None else 0, "counters": dict(CP.COUNTERS)}
 
 
 async def get_calibration(request):

@@ -720,6 +720,7 @@ def test_route_lists_the_stored_choices(store, monkeypatch):
     C.choose(CPU, "attention|k", CANDS, "comfy", what="attention head 128")
     (store / "calibration-broken.json").write_text("{oops")
     monkeypatch.setenv(NC.FP8_PATH_ENV, "fused")
+    monkeypatch.delenv("TRITONKIT_COMPILE_WORKERS", raising=False)
     info = routes.calibration_info()
     assert info["dir"] == str(store) and info["timing"] is True
     assert info["forced"] == {NC.ATTN_PATH_ENV: None, NC.FP8_PATH_ENV: "fused"}
@@ -728,6 +729,10 @@ def test_route_lists_the_stored_choices(store, monkeypatch):
     assert len(good) == 1 and good[0]["entries"]["attention|k"]["choice"] == "exact"
     assert len(bad) == 1 and bad[0]["path"].endswith("calibration-broken.json")
     assert "calibration" in routes.ROUTES
+    cw = info["compile_workers"]  # none on this CPU: the compiles run in threads
+    assert cw["workers"] == 0 and cw["alive"] == 0 and "thread_compiles" in cw["counters"]
+    monkeypatch.setenv("TRITONKIT_COMPILE_WORKERS", "3")
+    assert routes.compile_workers_info()["workers"] == 3 and routes.compile_workers_info()["setting"] == "3"
 
 
 # ----------------------------------------------------------------------------- on a GPU
