@@ -22,7 +22,7 @@
 #            process with its own empty Triton cache and calibration folders, interleaved A B A B (COLD_ORDER);
 #            COLD_<letter> (COLD_A, COLD_B...): the environment that letter's processes run with (e.g.
 #            COLD_A="TRITONKIT_PLAYOFF_IN_MODEL=0"), COLD_PLAN_<letter> a plan of their own; each process at
-#            most COLD_S seconds, traced
+#            most COLD_S seconds, traced; COLD_PRESET another preset (gpu-scaled: Flux, with COLD_PLAN=flux-scaled:both@86)
 #   FLUX_ARGS / HUN_ARGS  more bench/workflow.py options for those parts (e.g. --warm-rounds for compiled rounds)
 #   SMI_MS   sample the GPU's clocks, power and temperature every SMI_MS ms into $OUT/smi.csv while the call runs
 #            (`python3 bench/first_steps.py --smi $OUT/smi.csv <workflow.json>` gives each run's medians)
@@ -123,7 +123,7 @@ if [ "${COLD_S:-0}" != 0 ]; then
     tag="${r}_$(date +%s%N)"  # folders of their own: a warm machine keeps /tmp between calls
     # shellcheck disable=SC2086
     env $envs OUT="$O/cold_$r" TRITON_CACHE_DIR="/tmp/tk_cold_triton_$tag" TK_BENCH_TRACE_COMPILES=1 \
-      timeout "$COLD_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-hunyuan-scaled \
+      timeout "$COLD_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset "${COLD_PRESET:-gpu-hunyuan-scaled}" \
       --steps "${COLD_STEPS:-7}" --rounds 1 --budget-s $(( COLD_S - 10 )) --calibration-dir "/tmp/tk_cold_cal_$tag" \
       --plan "${plan:-${COLD_PLAN:-hunyuan-scaled:both@86}}" > "$O/cold_$r.log" 2>&1
     echo "cold $r (${envs:-default}; ${plan:-${COLD_PLAN:-hunyuan-scaled:both@86}}) rc=$?"
