@@ -25,7 +25,7 @@ more once per cold cache. So by default (``TRITONKIT_COMPILE_WORKERS`` unset, or
 when that is now: where Triton's cache folder holds nothing the pack compiled with this Triton and these
 kernel sources (:func:`cold`, a small marker file that the first background compile writes into the
 folder; ``install.py`` empties it with the folder), and only as many as a tenth of the machine's RAM
-holds (:func:`cold_workers`). ``0`` turns them off, ``auto`` (one core less than the machine has, at
+holds (:func:`cold_workers`); once idle they exit for good. ``0`` turns them off, ``auto`` (one core less than the machine has, at
 most MAX_WORKERS) or a number turns them on at every start. Measured (Triton 3.6.0, torch 2.11,
 HunyuanVideo eager @86, every cache empty, 8 workers against the threads, A B A B): the cold
 calibration's extra time 4.51-4.88 s against 5.55-5.57 on an H100, 6.15-6.32 against 7.53-7.73 on an
@@ -233,8 +233,12 @@ def job_of(compile_fn) -> Optional[dict]:
 class _Pool:
     """Worker processes, each answering one job at a time."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, restart: bool = True):
         self.n = n
+        # whether a compile after the idle exit starts them again (set by the user); the default's workers,
+        # started for a cold cache, are not: the pool closes then, and later compiles (a new shape class's
+        # few kernels, on a warm cache) run in the threads, which is sooner than a worker importing torch
+        self.restart = restart
         self._idle: list = []
         self._cond = threading.Condition()
         self._alive = 0       # started and ready
@@ -267,11 +271,12 @@ class _Pool:
                     procs, self._idle = self._idle, []
                     self._alive = 0
                     self._started = False
+                    self.closed = not self.restart
                     break
                 self._cond.wait(timeout=min(max(IDLE_S - idle_for, 0.05), 30.0))
         COUNTERS["worker_idle_exits"] += len(procs)
-        log.info("TritonKit: %d compile worker(s) had no compile for %.0f s and exited; the next compile starts "
-                 "them again", len(procs), IDLE_S)
+        log.info("TritonKit: %d compile worker(s) had no compile for %.0f s and exited; %s", len(procs), IDLE_S,
+                 "the next compile starts them again" if self.restart else "later compiles run in threads")
         for p in procs:
             _stop(p)
 
@@ -390,7 +395,7 @@ def pool() -> Optional[_Pool]:
     global _pool
     with _pool_lock:
         if _pool is None and _ROOT is not None and workers() > 0 and sys.executable:
-            _pool = _Pool(workers())
+            _pool = _Pool(workers(), restart=os.environ.get(WORKERS_ENV, "").strip().lower() not in ("", "cold"))
             import atexit
             atexit.register(_pool.close)
         return _pool

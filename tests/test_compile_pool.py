@@ -193,6 +193,42 @@ def test_idle_workers_exit_and_the_next_compile_starts_them_again(pool, monkeypa
     assert made == [jit.fn.__name__] and CP.COUNTERS["worker_compiles"] == 1, (made, CP.COUNTERS)
 
 
+def test_the_cold_defaults_workers_exit_for_good(monkeypatch):
+    """The default's workers (started for a cold cache) are not started again after their idle exit: the
+    pool closes and later compiles run in the threads. A worker that never answers stands in for a real one."""
+    import subprocess
+    import sys
+    monkeypatch.setattr(CP, "_pool", None)
+    monkeypatch.setattr(CP, "_cold_n", 1)
+    monkeypatch.delenv(CP.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(CP, "IDLE_S", 0.2)
+    procs = []
+
+    def fake_spawn(self):
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)
+        procs.append(proc)
+        with self._cond:
+            self._starting -= 1
+            self._alive += 1
+            self._idle.append(proc)
+            self._cond.notify_all()
+    monkeypatch.setattr(CP._Pool, "_spawn", fake_spawn)
+    p = CP.pool()
+    assert p.n == 1 and p.restart is False
+    p.start()
+    assert procs[0].wait(timeout=30) is not None  # exited idle
+    t0 = time.monotonic()
+    while not p.closed and time.monotonic() - t0 < 30:
+        time.sleep(0.02)
+    assert p.closed and not p.ready()
+    p.start()  # what a compile submitted now does: nothing is started again
+    assert len(procs) == 1 and p.run({"name": "k"}) is False
+    monkeypatch.setattr(CP, "_pool", None)
+    monkeypatch.setenv(CP.WORKERS_ENV, "2")
+    assert CP.pool().restart is True  # set by the user: started again, as before
+
+
 def test_a_worker_that_comes_up_after_the_pool_closed_is_stopped(monkeypatch):
     """A worker still importing when the pool closes (ComfyUI exiting, a replacement in flight) is stopped
     once it is up, not left running with nothing to stop it."""
