@@ -33,11 +33,11 @@ except Exception:
     log.exception("TritonKit: could not choose ptxas")
 
 # Compile workers (kernels/compile_pool.py), where Triton's cache holds none of the pack's kernels yet or the user
-# turned them on (TRITONKIT_COMPILE_WORKERS): started now, in the background, so that they have imported torch and
-# Triton before the first step needs them.
+# turned them on (TRITONKIT_COMPILE_WORKERS): started now, in the background (the check too), so that they have
+# imported torch and Triton before the first step needs them.
 try:
     if os.environ.get("TRITONKIT_COMPILE_WORKERS", "").strip() != "0":
-        importlib.import_module(".kernels.compile_pool", __name__).start_at_launch()
+        importlib.import_module(".kernels.compile_pool", __name__).start_at_launch(background=True)
 except Exception:
     log.exception("TritonKit: could not start the compile workers")
 

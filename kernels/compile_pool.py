@@ -25,14 +25,14 @@ more once per cold cache. So by default (``TRITONKIT_COMPILE_WORKERS`` unset, or
 when that is now: where Triton's cache folder holds nothing the pack compiled with this Triton and these
 kernel sources (:func:`cold`, a small marker file that the first background compile writes into the
 folder; ``install.py`` empties it with the folder), and only as many as a tenth of the machine's RAM
-holds (:func:`cold_workers`); once idle they exit for good. ``0`` turns them off, ``auto`` (one core less than the machine has, at
-most MAX_WORKERS) or a number turns them on at every start. Measured (Triton 3.6.0, torch 2.11,
-HunyuanVideo eager @86, every cache empty, 8 workers against the threads, A B A B): the cold
-calibration's extra time 4.51-4.88 s against 5.55-5.57 on an H100, 6.15-6.32 against 7.53-7.73 on an
-H200 (2026-11-26, before kernels/launchers.py); with the launchers built in the background, 1.95-2.83 s
-against 2.98-6.31 on H100s (2026-11-26, twenty-first and twenty-second sessions); with the calibration
-stored and the blocks compiled by the Triton Compile Model, 4 workers gave 10.4-11.0 s against
-11.6-12.7 on the H200 and no gain beyond Inductor's own spread on the H100.
+holds (:func:`cold_workers`); once idle they exit for good. ``0`` turns them off, ``auto`` (one core
+less than the machine has, at most MAX_WORKERS) or a number turns them on at every start. Measured
+(Triton 3.6.0, torch 2.11, HunyuanVideo eager @86, every cache empty, 8 workers against the threads,
+A B A B): the cold calibration's extra time 4.51-4.88 s against 5.55-5.57 on an H100, 6.15-6.32 against
+7.53-7.73 on an H200 (twentieth session); on H100s, with the launchers and the decode kernel compiled
+ahead too, 2.2-2.5 s against 3.4-4.1 (twenty-second session, BENCHMARKS.md); with the calibration stored
+and the blocks compiled by the Triton Compile Model, 4 workers gave 10.4-11.0 s against 11.6-12.7 on
+the H200 and no gain beyond Inductor's own spread on the H100s (8 workers too).
 
 This file is also the worker: ``python compile_pool.py ROOT ROOT_PATH`` reads pickled jobs on stdin and
 answers on stdout.
@@ -408,32 +408,40 @@ def start() -> None:
         p.start()
 
 
-def start_at_launch() -> bool:
+def start_at_launch(background: bool = False) -> bool:
     """At ComfyUI's start (the pack's ``__init__``): starts the workers where a CUDA GPU is there to
     compile for and they are turned on, or, by default, where Triton's cache is cold (:func:`cold`, with
     :func:`cold_workers` of them); whether it did. A worker needs seconds to import torch: started when
-    the first model was patched, they were not ready for its first step (see the docstring)."""
-    global _cold_n
+    the first model was patched, they were not ready for its first step (see the docstring).
+    ``background``: the default's check (it imports Triton) runs in a thread, off ComfyUI's start-up; True
+    then says only that it runs."""
     raw = os.environ.get(WORKERS_ENV, "").strip().lower()
-    if raw in ("", "cold"):
-        import torch
-        if not torch.cuda.is_available():
-            return False
-        n = cold_workers(os.cpu_count(), _ram_bytes())
-        try:
-            if n <= 0 or not cold(_cache_dir(), stamp()):
-                return False
-        except Exception as e:  # noqa: BLE001 - Triton that does not import: the self-test says why
-            log.debug("TritonKit: no compile workers (%s: %s)", type(e).__name__, e)
-            return False
-        _cold_n = n
-        log.info("TritonKit: Triton's cache holds none of the pack's kernels yet: %d compile worker(s) start for "
-                 "the first run (%s=0 turns them off)", n, WORKERS_ENV)
-    elif workers() <= 0:
+    if raw not in ("", "cold") and workers() <= 0:
         return False
     import torch
     if not torch.cuda.is_available():
         return False
+    if raw in ("", "cold"):
+        if background:
+            threading.Thread(target=_start_if_cold, name="tritonkit-compile-worker-check", daemon=True).start()
+            return True
+        return _start_if_cold()
+    start()
+    return pool() is not None
+
+
+def _start_if_cold() -> bool:
+    global _cold_n
+    n = cold_workers(os.cpu_count(), _ram_bytes())
+    try:
+        if n <= 0 or not cold(_cache_dir(), stamp()):
+            return False
+    except Exception as e:  # noqa: BLE001 - Triton that does not import: the self-test says why
+        log.debug("TritonKit: no compile workers (%s: %s)", type(e).__name__, e)
+        return False
+    _cold_n = n
+    log.info("TritonKit: Triton's cache holds none of the pack's kernels yet: %d compile worker(s) start for the "
+             "first run (%s=0 turns them off)", n, WORKERS_ENV)
     start()
     return pool() is not None
 

@@ -217,8 +217,10 @@ def test_the_cold_defaults_workers_exit_for_good(monkeypatch):
     p = CP.pool()
     assert p.n == 1 and p.restart is False
     p.start()
-    assert procs[0].wait(timeout=30) is not None  # exited idle
     t0 = time.monotonic()
+    while not procs and time.monotonic() - t0 < 30:  # started from a thread of its own
+        time.sleep(0.02)
+    assert procs[0].wait(timeout=30) is not None  # exited idle
     while not p.closed and time.monotonic() - t0 < 30:
         time.sleep(0.02)
     assert p.closed and not p.ready()
@@ -352,6 +354,27 @@ def test_by_default_workers_start_on_a_cold_cache_only(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # nor on a machine without a CUDA GPU
     (cache / CP.MARK_FILE).unlink()
     assert CP.start_at_launch() is False and started == []
+
+
+def test_the_pack_s_start_checks_the_cache_in_a_thread(tmp_path, monkeypatch):
+    """From the pack's __init__ the default's check (it imports Triton) runs off ComfyUI's start-up: the call
+    returns at once and the workers start from the thread."""
+    import threading
+    import torch
+    started = []
+    monkeypatch.setattr(CP._Pool, "start", lambda self: started.append((self.n, threading.current_thread().name)))
+    monkeypatch.setattr(CP, "_pool", None)
+    monkeypatch.setattr(CP, "_cold_n", 0)
+    monkeypatch.setattr(CP, "_cache_dir", lambda: str(tmp_path / "triton-cache"))
+    monkeypatch.setattr(CP, "_ram_bytes", lambda: 64 * 2**30)
+    monkeypatch.setattr(CP.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv(CP.WORKERS_ENV, raising=False)
+    assert CP.start_at_launch(background=True) is True
+    t0 = time.monotonic()
+    while not started and time.monotonic() - t0 < 30:
+        time.sleep(0.02)
+    assert started == [(3, "tritonkit-compile-worker-check")] and CP.workers() == 3
 
 
 def test_a_failed_compile_does_not_mark_the_cache(tmp_path, monkeypatch):
