@@ -36,8 +36,7 @@ except Exception:
 # turned them on (TRITONKIT_COMPILE_WORKERS): started now, in the background (the check too), so that they have
 # imported torch and Triton before the first step needs them.
 try:
-    if os.environ.get("TRITONKIT_COMPILE_WORKERS", "").strip() != "0":
-        importlib.import_module(".kernels.compile_pool", __name__).start_at_launch(background=True)
+    importlib.import_module(".kernels.compile_pool", __name__).start_at_launch(background=True)
 except Exception:
     log.exception("TritonKit: could not start the compile workers")
 

@@ -90,13 +90,18 @@ _ROOT = __name__.rsplit(".", 2)[0] if __name__.count(".") >= 2 else None
 _ROOT_PATH = os.path.dirname(_HERE)
 
 
+def _by_default() -> bool:
+    """Whether the variable leaves the choice to the pack (unset or ``cold``): workers on a cold cache only."""
+    return os.environ.get(WORKERS_ENV, "").strip().lower() in ("", "cold")
+
+
 def workers() -> int:
     """How many worker processes: ``TRITONKIT_COMPILE_WORKERS`` as a number, or ``auto`` (one core less
     than the machine has, at most MAX_WORKERS); unset or ``cold``, what :func:`start_at_launch` decided for
     this process (0 unless Triton's cache was cold at ComfyUI's start); 0 turns them off."""
-    raw = os.environ.get(WORKERS_ENV, "").strip().lower()
-    if not raw or raw == "cold":
+    if _by_default():
         return _cold_n
+    raw = os.environ.get(WORKERS_ENV, "").strip().lower()
     if raw == "auto":
         return max(1, min((os.cpu_count() or 2) - 1, MAX_WORKERS))
     try:
@@ -395,10 +400,18 @@ def pool() -> Optional[_Pool]:
     global _pool
     with _pool_lock:
         if _pool is None and _ROOT is not None and workers() > 0 and sys.executable:
-            _pool = _Pool(workers(), restart=os.environ.get(WORKERS_ENV, "").strip().lower() not in ("", "cold"))
+            _pool = _Pool(workers(), restart=not _by_default())
             import atexit
             atexit.register(_pool.close)
         return _pool
+
+
+def status() -> dict:
+    """How many workers this process has (0: the compiles run in threads), how many are up now, and the
+    counters (the route ``/tritonkit/calibration`` shows it)."""
+    p = _pool
+    return {"workers": workers(), "setting": os.environ.get(WORKERS_ENV, "").strip() or "cold",
+            "alive": p._alive if p is not None else 0, "counters": dict(COUNTERS)}
 
 
 def start() -> None:
@@ -415,13 +428,13 @@ def start_at_launch(background: bool = False) -> bool:
     the first model was patched, they were not ready for its first step (see the docstring).
     ``background``: the default's check (it imports Triton) runs in a thread, off ComfyUI's start-up; True
     then says only that it runs."""
-    raw = os.environ.get(WORKERS_ENV, "").strip().lower()
-    if raw not in ("", "cold") and workers() <= 0:
+    default = _by_default()
+    if not default and workers() <= 0:
         return False
     import torch
     if not torch.cuda.is_available():
         return False
-    if raw in ("", "cold"):
+    if default:
         if background:
             threading.Thread(target=_start_if_cold, name="tritonkit-compile-worker-check", daemon=True).start()
             return True

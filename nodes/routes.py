@@ -352,7 +352,7 @@ async def post_caches_clear(request):
 def calibration_info() -> dict:
     """The calibration files in the store folder (one per GPU / driver / torch / Triton / pack
     version), with their choices and timings, and the switches that change auto's choice."""
-    from ..kernels import calibration as C
+    from ..kernels import calibration as C, compile_pool
     from . import calibration as NC  # points the store at ComfyUI's user folder
     d = C.store_dir()
     files = []
@@ -372,16 +372,7 @@ def calibration_info() -> dict:
     return {"dir": d, "timing": C.timing_enabled(), "counters": dict(C.COUNTERS),
             "forced": {NC.ATTN_PATH_ENV: NC.forced(NC.ATTN_PATH_ENV, NC.ATTN_PATHS),
                        NC.FP8_PATH_ENV: NC.forced(NC.FP8_PATH_ENV, NC.FP8_PATHS)},
-            "compile_workers": compile_workers_info(), "files": files}
-
-
-def compile_workers_info() -> dict:
-    """The background compiles' worker processes (kernels/compile_pool.py): how many this process has
-    (0: the compiles run in threads), how many are up now, and what they did."""
-    from ..kernels import compile_pool as CP
-    p = CP._pool
-    return {"workers": CP.workers(), "setting": os.environ.get(CP.WORKERS_ENV, "").strip() or "cold",
-            "alive": p._alive if p is not None else 0, "counters": dict(CP.COUNTERS)}
+            "compile_workers": compile_pool.status(), "files": files}
 
 
 async def get_calibration(request):

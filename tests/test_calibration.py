@@ -732,7 +732,8 @@ def test_route_lists_the_stored_choices(store, monkeypatch):
     cw = info["compile_workers"]  # none on this CPU: the compiles run in threads
     assert cw["workers"] == 0 and cw["alive"] == 0 and "thread_compiles" in cw["counters"]
     monkeypatch.setenv("TRITONKIT_COMPILE_WORKERS", "3")
-    assert routes.compile_workers_info()["workers"] == 3 and routes.compile_workers_info()["setting"] == "3"
+    cw = routes.calibration_info()["compile_workers"]
+    assert cw["workers"] == 3 and cw["setting"] == "3"
 
 
 # ----------------------------------------------------------------------------- on a GPU
