@@ -1,0 +1,462 @@
+"""Exact attention for Hopper (sm90) written in Gluon, Triton's lower-level language.
+
+Why a second exact kernel: Triton's compiler does not keep a ``wgmma`` in flight across the
+softmax. In the SASS of kernels/attention.py's loop it waits for every Q·Kᵀ and P·V right after
+issuing it (``WARPGROUP.DEPBAR.LE gsb0, 0x0``; BENCHMARKS.md, tenth session), so each warpgroup's
+tensor cores idle while it computes exponentials, and the best Triton config reached 0.77-0.92x
+cuDNN on an H100. Gluon exposes the asynchronous MMA (``warpgroup_mma(..., is_async=True)`` and
+``warpgroup_mma_wait(n)``), TMA, mbarriers and warp specialisation, so the overlap
+FlashAttention-3 builds by hand can be written out. Three forms, each a variant the tuner times
+(kernels/attention.py's ``GLUON``, ``GLUON_WS``, ``GLUON_PP``):
+
+* ``attn_fwd_hopper`` (GLUON): the warps of a CTA do everything. K and V arrive through TMA into
+  rings of ``K_STAGES`` / ``V_STAGES`` shared-memory tiles, each slot with its own mbarrier,
+  refilled as soon as the MMA that read it has completed (K after its Q·Kᵀ, V after its P·V).
+  Each iteration issues block j's Q·Kᵀ and block j-1's P·V back to back, waits for the Q·Kᵀ only
+  (``warpgroup_mma_wait(1)``) and computes block j's softmax while the P·V still runs; then it
+  waits for the P·V and rescales the accumulator. P stays in registers as the MMA's A operand; Q
+  is loaded once and read by every Q·Kᵀ from shared memory. Its 4-warp, 64-row configs take
+  74-82 KB of shared memory, so two CTAs share an SM. (With 8 warps, two warpgroups share the
+  ring and a CTA-wide barrier precedes each refill: a warpgroup's wait covers only its own MMAs.)
+* ``attn_fwd_hopper_ws`` (GLUON_WS): warp-specialised (``gl.warp_specialize``). A producer warp
+  issues every TMA load, waiting on "empty" mbarriers that the consumers arrive on once their MMA
+  has read a slot; BLOCK_M / 64 consumer warpgroups (two at BLOCK_M 128, one Q tile each) run the
+  loop above on "full" mbarriers with no CTA-wide barrier, so they drift apart and one's softmax
+  overlaps the other's MMAs. ``setmaxnreg`` moves registers from the producer (40) to the
+  consumers (232).
+* The same with ``PINGPONG`` (GLUON_PP): the two consumers take turns issuing their MMAs (two more
+  mbarriers), FlashAttention-3's schedule, instead of leaving the overlap to the warp scheduler.
+
+One program is one BLOCK_M-row tile of one (batch, head).
+
+Scope: sm90, fp16 / bf16, head 64 or 128 (no padding), no mask, not causal, any L_q / L_kv, GQA,
+both layouts, Q / K / V foldable into 2-D TMA views (kernels/attention.py's ``_tma_view2d``). A
+key block past L_kv is masked to -inf in its scores; rows past L_q are computed but not stored
+(TMA fills past the end of the tensor with zeros, and a 2-D view's rows past one head's L are
+another head's finite values). kernels/attention.py's launcher offers the three forms to the tuner
+where :func:`eligible` holds and the views fold; everything else keeps the Triton kernel. The
+reference is kernels/attention.py's ``attention_reference``; bench/attention_hopper.py times every
+form and config against SDPA's cuDNN and FA2 backends.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:  # Gluon's Hopper API (Triton 3.5+); the kernels are defined on first use (_build)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+except Exception:  # noqa: BLE001 - an older Triton, or a build without it: gluon_available() is False
+    gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
+
+LOG2E = 1.4426950408889634
+HEADS = (64, 128)
+
+# (BLOCK_M, BLOCK_N, num_warps, stages) per head size; K and V have a ring of ``stages`` tiles each.
+# BLOCK_M is 64 rows a warpgroup. Kept: the configs that led their kernel form on an H100
+# (bench/attention_hopper.py, 2026-11-26, BENCHMARKS.md): 4 warps and 64 rows, whose 74-82 KB of
+# shared memory let two CTAs share an SM (one's softmax beside the other's MMAs).
+CANDIDATES = {
+    128: [(64, 128, 4, 1)],
+    64: [(64, 128, 4, 2), (64, 128, 4, 3)],
+}
+# The warp-specialised kernel (with or without the ping-pong): BLOCK_M / 64 consumer warpgroups
+# (num_warps is always 4, the default partition), one producer warp, K and V rings of ``stages``.
+CANDIDATES_WS = {
+    128: [(128, 128, 4, 2)],
+    64: [(128, 128, 4, 3)],
+}
+
+
+def smem_bytes(cfg, head_dim: int, in_bytes: int = 2) -> int:
+    bm, bn, _, stages = cfg
+    ks, vs = stages if isinstance(stages, (tuple, list)) else (stages, stages)
+    return (bm + (ks + vs) * bn) * head_dim * in_bytes
+
+
+def candidates(head_dim: int, ws: bool = False) -> list:
+    """(BLOCK_M, BLOCK_N, num_warps, stages) to time at this head size (K and V rings of ``stages``
+    tiles each); with ``ws`` the warp-specialised kernel's (BLOCK_M / 64 consumer warpgroups)."""
+    return list((CANDIDATES_WS if ws else CANDIDATES)[head_dim])
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_available() -> bool:
+    """The installed Triton has Gluon's Hopper API (Triton 3.5+)."""
+    if gl is None:
+        return False
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except Exception:  # noqa: BLE001 - a build lacking the host-side descriptor
+        return False
+    return True
+
+
+def eligible(cc, dtype, head_dim: int, masked: bool, causal: bool) -> bool:
+    """This kernel can serve the call (the TMA views are the launcher's own check)."""
+    return (cc == 90 and dtype in (torch.float16, torch.bfloat16) and head_dim in HEADS
+            and not masked and not causal and gluon_available())
+
+
+_KERNELS = None
+# setmaxnreg requests of the warp-specialised kernel's worker partitions (a multiple of 8, 24-256)
+WS_CONSUMER_REGS = 232
+WS_PRODUCER_REGS = 40
+
+
+def _build():
+    """The Gluon kernel, defined on first use: importing Gluon costs nothing elsewhere, and a Triton
+    without it never reaches here (:func:`eligible`)."""
+    cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed in Triton 3.7
+
+    @gluon.jit
+    def _load(desc, row, col, bars, smem, stage, pred):
+        bar = bars.index(stage)
+        mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(desc, [row, col], bar, smem.index(stage), pred=pred)
+
+    @gluon.jit
+    def _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        if (j + 1) * BLOCK_N > Lk:  # the last key block, past L_kv: those scores -inf
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            s = gl.where(gl.expand_dims(offs_n < Lk, 0), s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def attn_fwd_hopper(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP,
+                        q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, stride_ob, stride_oh, stride_ol,
+                        HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr):
+        dtype: gl.constexpr = QD.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, HEAD_D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        SYNC: gl.constexpr = num_warps > 4  # two warpgroups share the ring
+
+        n_m = gl.cdiv(Lq, BLOCK_M)
+        pid = gl.program_id(0)
+        mb = pid % n_m  # row tiles of one head are neighbours in launch order: they share K / V in L2
+        bh = pid // n_m
+        b = bh // H
+        h = bh % H
+        hk = h // KV_GROUP
+        q_row = b * q_rb + h * q_rh + mb * BLOCK_M
+        k_row = b * k_rb + hk * k_rh
+        k_col = hk * k_ch
+        n_blocks = gl.cdiv(Lk, BLOCK_N)
+
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], QD.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [K_STAGES, BLOCK_N, HEAD_D], KD.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, HEAD_D], VD.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(K_STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+        for i in gl.static_range(V_STAGES):
+            mbarrier.init(v_bars.index(i), count=1)
+
+        mbarrier.expect(q_bar, QD.block_type.nbytes)
+        tma.async_copy_global_to_shared(QD, [q_row, h * q_ch], q_bar, q_smem)
+        for i in gl.static_range(K_STAGES):
+            _load(KD, k_row + i * BLOCK_N, k_col, k_bars, k_smem, i, i < n_blocks)
+        for i in gl.static_range(V_STAGES):
+            _load(VD, k_row + i * BLOCK_N, k_col, v_bars, v_smem, i, i < n_blocks)
+
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+        acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+
+        # key block 0: its scores alone, nothing to overlap them with yet
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(k_bars.index(0), 0)
+        tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(tok,))
+        if SYNC:
+            cta_barrier()
+        _load(KD, k_row + K_STAGES * BLOCK_N, k_col, k_bars, k_smem, 0, K_STAGES < n_blocks)
+        p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+        for j in range(1, n_blocks):
+            ks = j % K_STAGES
+            vs = (j - 1) % V_STAGES
+            mbarrier.wait(k_bars.index(ks), (j // K_STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(ks).permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)
+            mbarrier.wait(v_bars.index(vs), ((j - 1) // V_STAGES) & 1)
+            o_tok = warpgroup_mma(p_op, v_smem.index(vs), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))  # block j's scores; block j-1's P·V runs on
+            if SYNC:
+                cta_barrier()
+            _load(KD, k_row + (j + K_STAGES) * BLOCK_N, k_col, k_bars, k_smem, ks, j + K_STAGES < n_blocks)
+            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            if SYNC:
+                cta_barrier()
+            _load(VD, k_row + (j - 1 + V_STAGES) * BLOCK_N, k_col, v_bars, v_smem, vs,
+                  j - 1 + V_STAGES < n_blocks)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+        vs_last = (n_blocks - 1) % V_STAGES
+        mbarrier.wait(v_bars.index(vs_last), ((n_blocks - 1) // V_STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, v_smem.index(vs_last), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(K_STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+        for i in gl.static_range(V_STAGES):
+            mbarrier.invalidate(v_bars.index(i))
+
+        acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        offs_m = mb * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_o)
+        offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+        base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+        ptrs = base + gl.expand_dims(offs_m.to(gl.int64) * stride_ol, 1) + gl.expand_dims(offs_d, 0)
+        gl.store(ptrs, acc.to(O.dtype.element_ty), mask=gl.expand_dims(offs_m < Lq, 1))
+
+    # ---- warp-specialised: a producer warp issues the TMA loads, 1-2 consumer warpgroups compute
+
+    @gluon.jit
+    def _ws_producer(QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+                     q_row, q_col, k_row, k_col, n_blocks):
+        # constexprs don't cross into a partition: read them off the buffers' shapes
+        NUM_C: gl.constexpr = q_smem.shape[0]
+        STAGES: gl.constexpr = k_smem.shape[0]
+        BLOCK_N: gl.constexpr = k_smem.shape[1]
+        for c in gl.static_range(NUM_C):
+            mbarrier.expect(q_bars.index(c), QD.block_type.nbytes)
+            tma.async_copy_global_to_shared(QD, [q_row + c * 64, q_col], q_bars.index(c), q_smem.index(c))
+        for j in range(n_blocks):
+            st = j % STAGES
+            again = j >= STAGES  # the slot held block j - STAGES: wait until every consumer released it
+            ph = ((j // STAGES) + 1) & 1
+            mbarrier.wait(k_empty.index(st), ph, pred=again)
+            mbarrier.expect(k_full.index(st), KD.block_type.nbytes)
+            tma.async_copy_global_to_shared(KD, [k_row + j * BLOCK_N, k_col], k_full.index(st), k_smem.index(st))
+            mbarrier.wait(v_empty.index(st), ph, pred=again)
+            mbarrier.expect(v_full.index(st), VD.block_type.nbytes)
+            tma.async_copy_global_to_shared(VD, [k_row + j * BLOCK_N, k_col], v_full.index(st), v_smem.index(st))
+
+    @gluon.jit
+    def _my_turn(turn, c: gl.constexpr, k):
+        """Ping-pong (two consumers, ``turn`` holds two barriers): before issuing its MMAs of turn k,
+        consumer 1 waits until consumer 0 has issued its own of turn k, and consumer 0 (from turn 1)
+        until consumer 1 has issued those of turn k - 1. The tensor cores then run one warpgroup's
+        MMAs while the other computes its softmax (FlashAttention-3's schedule)."""
+        if turn.shape[0] == 2:
+            if c == 0:
+                mbarrier.wait(turn.index(0), (k - 1) & 1, pred=k > 0)
+            else:
+                mbarrier.wait(turn.index(1), k & 1)
+
+    @gluon.jit
+    def _pass_turn(turn, c: gl.constexpr):
+        if turn.shape[0] == 2:
+            mbarrier.arrive(turn.index(1 - c))
+
+    @gluon.jit
+    def _ws_consumer(c: gl.constexpr, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+                     turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol):
+        dtype: gl.constexpr = q_smem.dtype
+        HEAD_D: gl.constexpr = q_smem.shape[2]
+        STAGES: gl.constexpr = k_smem.shape[0]
+        BLOCK_N: gl.constexpr = k_smem.shape[1]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        q = q_smem.index(c)
+        s_zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
+        m_i = gl.full([64], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([64], gl.float32, row_s)
+        acc = gl.zeros([64, HEAD_D], gl.float32, o_layout)
+
+        mbarrier.wait(q_bars.index(c), 0)
+        mbarrier.wait(k_full.index(0), 0)
+        _my_turn(turn, c, 0)
+        tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _pass_turn(turn, c)
+        s = warpgroup_mma_wait(0, deps=(tok,))
+        mbarrier.arrive(k_empty.index(0))
+        p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, n_blocks):
+            st = j % STAGES
+            pst = (j - 1) % STAGES
+            mbarrier.wait(k_full.index(st), (j // STAGES) & 1)
+            mbarrier.wait(v_full.index(pst), ((j - 1) // STAGES) & 1)
+            _my_turn(turn, c, j)
+            s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            o_tok = warpgroup_mma(p_op, v_smem.index(pst), acc, is_async=True)
+            _pass_turn(turn, c)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(st))
+            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            mbarrier.arrive(v_empty.index(pst))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        lst = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_full.index(lst), ((n_blocks - 1) // STAGES) & 1)
+        _my_turn(turn, c, n_blocks)
+        o_tok = warpgroup_mma(p_op, v_smem.index(lst), acc, is_async=True)
+        _pass_turn(turn, c)
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        mbarrier.arrive(v_empty.index(lst))
+
+        acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        offs_m = row0 + c * 64 + gl.arange(0, 64, layout=row_o)
+        offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+        ptrs = o_base + gl.expand_dims(offs_m.to(gl.int64) * stride_ol, 1) + gl.expand_dims(offs_d, 0)
+        gl.store(ptrs, acc.to(O.dtype.element_ty), mask=gl.expand_dims(offs_m < Lq, 1))
+
+    @gluon.jit
+    def _ws_consumer0(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+                      turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol):
+        _ws_consumer(0, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+                     turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol)
+
+    @gluon.jit
+    def _ws_consumer1(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+                      turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol):
+        _ws_consumer(1, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+                     turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol)
+
+    @gluon.jit
+    def attn_fwd_hopper_ws(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP,
+                           q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, stride_ob, stride_oh, stride_ol,
+                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                           K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
+                           REGS_C: gl.constexpr, REGS_P: gl.constexpr, PINGPONG: gl.constexpr):
+        NUM_C: gl.constexpr = BLOCK_M // 64
+        STAGES: gl.constexpr = K_STAGES
+        dtype: gl.constexpr = QD.dtype
+        n_m = gl.cdiv(Lq, BLOCK_M)
+        pid = gl.program_id(0)
+        mb = pid % n_m
+        bh = pid // n_m
+        b = bh // H
+        h = bh % H
+        hk = h // KV_GROUP
+        n_blocks = gl.cdiv(Lk, BLOCK_N)
+        q_smem = gl.allocate_shared_memory(dtype, [NUM_C, 64, HEAD_D], QD.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], KD.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], VD.layout)
+        q_bars = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        N_TURN: gl.constexpr = 2 if (PINGPONG and NUM_C == 2) else 1
+        turn = gl.allocate_shared_memory(gl.int64, [N_TURN, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(N_TURN):
+            mbarrier.init(turn.index(i), count=1)
+        for i in gl.static_range(NUM_C):
+            mbarrier.init(q_bars.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=NUM_C)
+            mbarrier.init(v_empty.index(i), count=NUM_C)
+        o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+        row0 = mb * BLOCK_M
+        cons = (O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+                turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol)
+        prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+                b * q_rb + h * q_rh + row0, h * q_ch, b * k_rb + hk * k_rh, hk * k_ch, n_blocks)
+        if NUM_C == 2:
+            gl.warp_specialize([(_ws_consumer0, cons), (_ws_consumer1, cons), (_ws_producer, prod)],
+                               [4, 1], [REGS_C, REGS_P])
+        else:
+            gl.warp_specialize([(_ws_consumer0, cons), (_ws_producer, prod)], [1], [REGS_P])
+
+    return attn_fwd_hopper, attn_fwd_hopper_ws
+
+
+def kernel(ws: bool = False):
+    """The plain kernel, or with ``ws`` the warp-specialised one."""
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = _build()
+    return _KERNELS[1 if ws else 0]
+
+
+_GL_DTYPE = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(block, dtype):
+    """The default-swizzle shared layout of a ``block`` tile (4-5 us to build: once per block)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, _GL_DTYPE[dtype]))
+
+
+def descriptor(view2d, block):
+    """A Gluon TMA descriptor over a 2-D view, ``block`` rows × its width, default swizzle."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor.from_tensor(view2d, list(block), _smem_layout(tuple(block), view2d.dtype))
+
+
+def launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_fn, warmup=False, ws=False):
+    """One call. ``q_view`` / ``kv_views``: kernels/attention.py's 2-D views with their (row per
+    batch, row per head, column per head); ``so``: the output's (batch, head, row) strides;
+    ``launch_fn``: kernels/runtime.py's launch (compile-only with ``warmup``); ``ws``: the
+    warp-specialised kernel (BLOCK_M / 64 consumer warpgroups)."""
+    bm, bn, nw, stages = cfg
+    ks, vs = stages if isinstance(stages, (tuple, list)) else (stages, stages)  # (K ring, V ring) in benches
+    if ws:
+        nw, vs = 4, ks  # the default partition is the first consumer warpgroup; one ring depth
+    (q2, (q_rb, q_rh, q_ch)), (k2, v2, (k_rb, k_rh, k_ch)) = q_view, kv_views
+    qd = descriptor(q2, (64 if ws else bm, D))
+    kd = descriptor(k2, (bn, D))
+    vd = descriptor(v2, (bn, D))
+    grid = (((Lq + bm - 1) // bm) * B * H,)
+    regs = {"REGS_C": WS_CONSUMER_REGS, "REGS_P": WS_PRODUCER_REGS, "PINGPONG": ws == "pp"} if ws else {}
+    launch_fn(kernel(ws), grid, qd, kd, vd, o, sm_scale * LOG2E, Lq, Lk, H, H // Hk,
+              q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, so[0], so[1], so[2],
+              HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, K_STAGES=ks, V_STAGES=vs, num_warps=nw,
+              warmup=warmup, **regs)
+
+
+def compile_spec(dtype, head_dim: int, cfg, ws: bool = False):
+    """(kernel, signature, constexprs, options) to compile this kernel for sm90 without a GPU
+    (``triton.compile(GluonASTSource(...), target=GPUTarget("cuda", 90, 32))``; tests)."""
+    from triton.experimental.gluon import language as gl
+    bm, bn, nw, stages = cfg
+    ty = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    gty = getattr(gl, _GL_DTYPE[dtype])
+
+    def desc(rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gty)
+        return f"tensordesc<{ty}[{rows}, {head_dim}],{layout!r}>"
+
+    if ws:
+        nw = 4
+    sig = {"QD": desc(64 if ws else bm), "KD": desc(bn), "VD": desc(bn), "O": f"*{ty}", "qk_scale": "fp32"}
+    for n in ("Lq", "Lk", "H", "KV_GROUP", "q_rb", "q_rh", "q_ch", "k_rb", "k_rh", "k_ch",
+              "stride_ob", "stride_oh", "stride_ol"):
+        sig[n] = "i32"
+    consts = {"HEAD_D": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "K_STAGES": stages, "V_STAGES": stages,
+              "num_warps": nw}
+    if ws:
+        consts.update(REGS_C=WS_CONSUMER_REGS, REGS_P=WS_PRODUCER_REGS, PINGPONG=ws == "pp")
+    for n in consts:
+        sig[n] = "constexpr"
+    return kernel(ws), sig, consts, {"archs": (90,), "num_warps": nw, "num_stages": 1}

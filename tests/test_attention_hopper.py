@@ -1,0 +1,191 @@
+"""kernels/attention_hopper.py: the Gluon exact-attention kernel for sm90. On CPU: every candidate
+compiles for sm90 down to the cubin with the overlap it exists for (a wgmma wait that leaves one
+group in flight), TMA loads and no spills; the launcher offers it only where it can serve the call.
+On an sm90 GPU: each candidate against a float64 reference on fresh random data, outputs poisoned,
+over both layouts, GQA, fp16 / bf16 and lengths that are not block multiples."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compile_utils import spill_bytes
+from test_attention import check, make_qkv
+from tritonkit.kernels import attention as A
+from tritonkit.kernels import attention_hopper as AH
+
+needs_gluon = pytest.mark.skipif("not __import__('tritonkit.kernels.attention_hopper', "
+                                 "fromlist=['x']).gluon_available()",
+                                 reason="this Triton has no Gluon Hopper API (Triton < 3.5)")
+
+
+def _compile(dtype, head, cfg, ws=False):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    kernel, sig, consts, opts = AH.compile_spec(dtype, head, cfg, ws)
+    return triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": opts["num_warps"], "num_stages": opts["num_stages"]})
+
+
+@needs_gluon
+@pytest.mark.parametrize("ws", [False, True, "pp"])
+@pytest.mark.parametrize("head", AH.HEADS)
+def test_every_candidate_compiles_for_sm90_with_the_overlap(head, ws):
+    for dtype in (torch.bfloat16, torch.float16):
+        for cfg in AH.candidates(head, ws):
+            k = _compile(dtype, head, cfg, ws)
+            ptx = k.asm["ptx"]
+            assert len(k.asm["cubin"]) > 0 and "sm_90a" in ptx, (head, cfg)
+            assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx, (head, cfg)
+            # block j's scores waited for with block j-1's P·V still in flight
+            assert "wgmma.wait_group.sync.aligned 1;" in ptx, (head, cfg)
+            assert k.metadata.shared <= A._SMEM["sm90"], (head, cfg, k.metadata.shared)
+            assert AH.smem_bytes(cfg, head) <= k.metadata.shared, (head, cfg)
+            spills = spill_bytes(k, 90)
+            assert spills in (None, 0), (head, cfg, spills)
+            if ws:  # consumers release K / V slots to the producer warp, registers moved to them
+                assert "mbarrier.arrive" in ptx and "setmaxnreg" in ptx, (head, cfg)
+
+
+def test_eligibility():
+    ok = AH.gluon_available()
+    assert AH.eligible(90, torch.bfloat16, 128, False, False) == ok
+    assert AH.eligible(90, torch.float16, 64, False, False) == ok
+    for args in ((89, torch.bfloat16, 128, False, False), (100, torch.bfloat16, 128, False, False),
+                 (None, torch.bfloat16, 128, False, False), (90, torch.float32, 128, False, False),
+                 (90, torch.bfloat16, 80, False, False), (90, torch.bfloat16, 128, True, False),
+                 (90, torch.bfloat16, 128, False, True)):
+        assert not AH.eligible(*args), args
+
+
+def test_variants_offer_gluon_where_it_serves(monkeypatch):
+    monkeypatch.setattr(A, "tensor_descriptors_available", lambda: True)
+    monkeypatch.delenv(A.TMA_ENV, raising=False)
+    assert A.tma_variants_for(90, torch.bfloat16, True) == (A.TMA_OFF,) + A.GLUON_VARIANTS
+    assert A.tma_variants_for(90, torch.bfloat16, False) == (A.TMA_OFF, A.TMA_ON)
+    monkeypatch.setenv(A.TMA_ENV, "gluon")
+    assert A.tma_variants_for(90, torch.bfloat16, True) == A.GLUON_VARIANTS
+    assert A.tma_variants_for(90, torch.bfloat16, False) == (A.TMA_ON,)
+    monkeypatch.setenv(A.TMA_ENV, "0")
+    assert A.tma_variants_for(90, torch.bfloat16, True) == (A.TMA_OFF,)
+    cands = A.variant_candidates(90, 128, 2, False, (A.TMA_OFF, A.TMA_ON) + A.GLUON_VARIANTS)
+    assert [c[:4] for c in cands if c[4] == A.GLUON] == AH.candidates(128)
+    assert [c[:4] for c in cands if c[4] == A.GLUON_WS] == AH.candidates(128, ws=True)
+
+
+def test_an_explicit_gluon_config_that_cant_serve_is_refused():
+    q = torch.randn(1, 2, 32, 40)
+    with pytest.raises(ValueError, match="Gluon kernel can't serve"):
+        A.attention(q, q, q, layout="bhld", config=(64, 64, 4, 2, A.GLUON), out=torch.empty_like(q))
+
+
+def _sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+CASES = [  # B, H, group, Lq, Lk, D, dtype, layout
+    (1, 24, 1, 4608, 4608, 128, torch.bfloat16, "bhld"),
+    (2, 10, 1, 4096, 4096, 64, torch.float16, "bld"),
+    (1, 8, 4, 1000, 777, 128, torch.bfloat16, "bld"),
+    (2, 4, 2, 333, 4133, 64, torch.bfloat16, "bhld"),
+    (1, 3, 1, 17, 50, 128, torch.float16, "bhld"),
+    (1, 2, 1, 200, 1, 64, torch.bfloat16, "bld"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_cuda_gluon_matches_float64(case, poison):
+    if not _sm90():
+        pytest.skip("the Gluon kernel is for sm90 (Hopper)")
+    if not AH.gluon_available():
+        pytest.skip("this Triton has no Gluon Hopper API")
+    B, H, group, Lq, Lk, D, dtype, layout = CASES[case]
+    gen = torch.Generator().manual_seed(1000 + case)
+    q, k, v = make_qkv(B, H, H // group, Lq, Lk, D, dtype, layout, gen, "cuda")
+    ref = A.attention_reference(q, k, v, H, layout=layout)
+    for variant in A.GLUON_VARIANTS:
+        for cfg in AH.candidates(D, ws=A._GLUON_WS[variant]):
+            out = poison(torch.empty(ref.shape, dtype=dtype, device="cuda"))
+            A.attention(q, k, v, H, layout=layout, config=tuple(cfg) + (variant,), out=out)
+            check(out, ref, dtype, "exact", f"case {case} cfg {cfg} variant {variant}")
+
+
+@pytest.mark.gpu
+def test_cuda_auto_times_the_gluon_kernel(poison, monkeypatch):
+    if not _sm90() or not AH.gluon_available():
+        pytest.skip("the Gluon kernel is for sm90 (Hopper) with Triton's Gluon API")
+    monkeypatch.delenv(A.TMA_ENV, raising=False)
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = make_qkv(1, 24, 24, 4608, 4608, 128, torch.bfloat16, "bld", gen, "cuda")
+    ref = A.attention_reference(q, k, v, 24)
+    for _ in range(60):  # the timing's playoff runs in the calls themselves (kernels/trials.py)
+        out = poison(torch.empty_like(q))
+        A.attention(q, k, v, 24, out=out)
+        check(out, ref, torch.bfloat16, "exact", "auto")
+        if any("|exact-v0345|" in key for key in A.tune_cache()):
+            break
+    picks = [c for key, c in A.tune_cache().items() if "|exact-v0345|" in key]
+    assert picks, A.tune_cache()
+    out = poison(torch.empty_like(q))
+    A.attention(q, k, v, 24, out=out)  # the stored pick
+    check(out, ref, torch.bfloat16, "exact", f"pick {picks[0]}")
+
+
+def _fake_gluon_gpu(monkeypatch, tmp_path, times, broken=()):
+    """A fake sm90 (tests/test_attention.py's _FakeGPU) whose Gluon launches are recorded, not run:
+    each variant times ``times[variant]`` ms; those in ``broken`` raise as a failed compile would."""
+    from test_attention import _FakeGPU
+    gpu = _FakeGPU(monkeypatch, tmp_path, 90, {})
+    calls = []
+    form = {False: A.GLUON, True: A.GLUON_WS, "pp": A.GLUON_PP}
+
+    def fake_launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_fn, warmup=False, ws=False):
+        if form[ws] in broken:
+            raise RuntimeError("fake compile failure")
+        calls.append((tuple(cfg), form[ws], warmup))
+
+    def bench(device, fn):
+        n = len(calls)
+        fn()
+        return times[calls[-1][1] if len(calls) > n else A.TMA_OFF]
+    monkeypatch.setattr(AH, "launch", fake_launch)
+    monkeypatch.setattr(AH, "gluon_available", lambda: True)
+    monkeypatch.setattr(A, "tensor_descriptors_available", lambda: True)
+    monkeypatch.setattr(gpu.T, "time_ms", bench)
+    g = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(1, 2, 256, 128, generator=g).to(torch.bfloat16) for _ in range(3)]
+    return gpu, calls, qkv
+
+
+@pytest.mark.parametrize("fastest", [A.TMA_OFF, A.GLUON, A.GLUON_WS, A.GLUON_PP])
+def test_auto_times_the_gluon_forms_and_takes_the_fastest(fastest, monkeypatch, tmp_path):
+    times = {v: 1.0 for v in (A.TMA_OFF,) + A.GLUON_VARIANTS}
+    times[fastest] = 0.8
+    gpu, calls, (q, k, v) = _fake_gluon_gpu(monkeypatch, tmp_path, times)
+    A._launch(q, k, v, None, 2, True, True, None, False, False)
+    timed = {c[1] for c in calls if not c[2]} | ({A.TMA_OFF} if gpu.log else set())
+    assert timed == {A.TMA_OFF} | set(A.GLUON_VARIANTS)  # never Triton's TMA variant beside Gluon
+    (pick,) = A.tune_cache().values()
+    assert pick[4] == fastest
+    if fastest == A.TMA_OFF:
+        assert gpu.log[-1][0] == "launch" and not gpu.log[-1][1]["USE_TMA"]
+    else:
+        assert calls[-1][1] == fastest and not calls[-1][2]
+
+
+def test_a_gluon_form_that_fails_to_compile_is_passed_over(monkeypatch, tmp_path):
+    times = {A.TMA_OFF: 1.0, A.GLUON: 0.9, A.GLUON_WS: 0.5, A.GLUON_PP: 0.5}
+    gpu, calls, (q, k, v) = _fake_gluon_gpu(monkeypatch, tmp_path, times, broken=(A.GLUON_WS, A.GLUON_PP))
+    A._launch(q, k, v, None, 2, True, True, None, False, False)
+    (pick,) = A.tune_cache().values()
+    assert pick[4] == A.GLUON and calls[-1][1] == A.GLUON
+
+
+def test_masked_causal_or_padded_calls_never_reach_gluon(monkeypatch, tmp_path):
+    gpu, calls, (q, k, v) = _fake_gluon_gpu(monkeypatch, tmp_path, {0: 1.0, 1: 1.0})
+    A._launch(q, k, v, None, 2, True, True, None, False, True)  # causal
+    A._launch(q, k, v, torch.ones(256, dtype=torch.bool), 2, True, True, None, False, False)  # masked
+    q80, k80, v80 = (t[..., :80].contiguous() for t in (q, k, v))
+    A._launch(q80, k80, v80, None, 2, True, True, None, False, False)  # head 80: padded
+    assert calls == [] and gpu.log
