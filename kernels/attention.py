@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import calibration, trials, tuning
+from . import attention_hopper, calibration, trials, tuning
 from .device import capability
 from .runtime import INTERPRETER_LOCK, cdiv, eager_plain, kernel_for, next_pow2
 from .runtime import launch as launch_kernel
@@ -573,8 +573,13 @@ PV_MODES = ("auto", "half", "fp8", "f16acc")
 # variant), timed on the user's GPU for each shape class and stored with the config. In 8-bit mode
 # the variant is the kernel's PV_MODE (0 P·V in the input dtype, 1 fp8 e4m3, 2 fp16-accumulate);
 # in exact mode the K / V loads (TMA_OFF pointers, TMA_ON tensor descriptors, TMA_WS descriptors
-# and a warp-specialised key loop).
-TMA_OFF, TMA_ON, TMA_WS = 0, 1, 2
+# and a warp-specialised key loop, GLUON kernels/attention_hopper.py's kernel: asynchronous wgmma,
+# each block's softmax beside the previous block's P·V; sm90, heads 64 / 128, no mask; GLUON_WS its
+# warp-specialised form: a producer warp for the loads, one or two consumer warpgroups; GLUON_PP
+# that with the two consumers' MMAs taking turns).
+TMA_OFF, TMA_ON, TMA_WS, GLUON, GLUON_WS, GLUON_PP = 0, 1, 2, 3, 4, 5
+GLUON_VARIANTS = (GLUON, GLUON_WS, GLUON_PP)
+_GLUON_WS = {GLUON: False, GLUON_WS: True, GLUON_PP: "pp"}
 
 # fp8 P·V has ~3x the error of 16-bit P·V (rel. L2 3.8 % vs 1.2 %, cos 0.9993 vs 0.99993 on an
 # H100, bench/attention.py), so `auto` takes it only where it times at least this much faster:
@@ -835,23 +840,33 @@ def tensor_descriptors_available() -> bool:
         return False
 
 
-def tma_variants_for(cc: int | None, dtype) -> tuple:
+def tma_variants_for(cc: int | None, dtype, gluon: bool = False) -> tuple:
     """Exact mode's K / V load variants to choose from, the default first. TRITONKIT_ATTN_TMA:
-    unset or "auto" = pointer loads and TMA, timed (sm90+, fp16 / bf16); "0" = pointer loads only;
-    "1" = TMA; "ws" = TMA and a warp-specialised key loop (opt-in only: Triton 3.6 fails to compile
-    some of its configs on sm90, and it measured no faster than TMA alone on an H100)."""
+    unset or "auto" = pointer loads and TMA, timed (sm90+, fp16 / bf16), or, where ``gluon``
+    (kernels/attention_hopper.py can serve the call), pointer loads and the Gluon kernel's three
+    forms; "0" = pointer loads only;
+    "1" = TMA; "gluon" = the Gluon kernel where it can serve the call, else TMA; "ws" = TMA and a
+    warp-specialised key loop (opt-in only: Triton 3.6 fails to compile some of its configs on
+    sm90, and it measured no faster than TMA alone on an H100)."""
     v = os.environ.get(TMA_ENV, "auto").strip().lower()
-    if v not in ("auto", "", "0", "off", "false", "no", "1", "on", "true", "yes", "ws"):
-        raise ValueError(f"{TMA_ENV} must be auto, 0, 1 or ws, not {v!r}")
+    if v not in ("auto", "", "0", "off", "false", "no", "1", "on", "true", "yes", "ws", "gluon"):
+        raise ValueError(f"{TMA_ENV} must be auto, 0, 1, gluon or ws, not {v!r}")
     able = ((cc is not None and cc >= 90) or (cc is None and TMA_IN_INTERPRETER)) and \
         dtype in (torch.float16, torch.bfloat16) and tensor_descriptors_available()
     if not able or v in ("0", "off", "false", "no"):
         return (TMA_OFF,)
     if v == "ws":
         return (TMA_WS,)
+    if v == "gluon":
+        return GLUON_VARIANTS if gluon else (TMA_ON,)
     if v in ("1", "on", "true", "yes"):
         return (TMA_ON,)
-    return (TMA_OFF, TMA_ON) if cc is not None else (TMA_OFF,)
+    if cc is None:
+        return (TMA_OFF,)
+    # where the Gluon kernel serves the call, Triton's TMA variant is left out: it timed below both
+    # Gluon forms at every shape on an H100 (bench/attention_hopper.py, 2026-11-26); pointer loads
+    # stay, the fallback should Gluon fail to compile on this Triton
+    return (TMA_OFF,) + GLUON_VARIANTS if gluon else (TMA_OFF, TMA_ON)
 
 
 def _table(int8: bool, variant: int, q_tma: bool = True):
@@ -870,6 +885,9 @@ def variant_candidates(cc: int, block_d: int, in_bytes: int, int8: bool, variant
     order: each variant with its own config list."""
     out = []
     for v in variants:
+        if not int8 and v in GLUON_VARIANTS:
+            out += [tuple(c) + (v,) for c in attention_hopper.candidates(block_d, ws=_GLUON_WS[v])]
+            continue
         cands = candidates(cc, block_d, in_bytes, _table(int8, v, q_tma))
         if not int8 and v == TMA_WS:
             # Triton 3.6's warp-specialisation pass aborts on the 4-warp configs (an MLIR
@@ -949,20 +967,28 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
               and all(t.data_ptr() % 16 == 0 for t in (q4, k4, v4, o)))
 
     tma_view = None
+    q_view = None
     if int8:
         variants = pv_modes
     else:
-        variants = tma_variants_for(cc, q.dtype)
+        gluon = attention_hopper.eligible(cc, q.dtype, D, kind != 0, causal)
+        variants = tma_variants_for(cc, q.dtype, gluon)
         if variants != (TMA_OFF,):
             tma_view = _tma_view(k4, v4, B, Hk, Lk, D, bhld) if (align8 and not int64) else None
             if tma_view is None:
                 variants = (TMA_OFF,)  # K / V do not fold into 16-byte-aligned 2-D views
-    # Q through TMA too where K / V go that way and the head needs no padding (a padded Q tile from
-    # a 2-D view would hold the next head's columns; Q's padding must be zeros)
-    q_view = _tma_view2d(q4, B, H, Lq, D, bhld) if tma_view is not None and block_d == D else None
+        # Q through TMA too where K / V go that way and the head needs no padding (a padded Q tile
+        # from a 2-D view would hold the next head's columns; Q's padding must be zeros)
+        q_view = _tma_view2d(q4, B, H, Lq, D, bhld) if tma_view is not None and block_d == D else None
+        if q_view is None and set(variants) & set(GLUON_VARIANTS):
+            variants = tuple(v for v in variants if v not in GLUON_VARIANTS) or (TMA_ON,)
 
     def run(c, o_out, warmup=False):
         bm, bn, nw, ns, variant = c
+        if not int8 and variant in GLUON_VARIANTS:
+            attention_hopper.launch(q_view, tma_view, o_out, so, B, H, Hk, Lq, Lk, D, sm_scale, c[:4],
+                                    launch_kernel, warmup, ws=_GLUON_WS[variant])
+            return
         pv_mode = variant if int8 else 0
         ws = not int8 and variant == TMA_WS
         va, sva, vs_ = v4, sv, None
@@ -1011,6 +1037,9 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
         return o
     if len(cfg) == 4:
         cfg = tuple(cfg) + (variants[0],)  # an explicit block config runs the default variant
+    elif not int8 and cfg[4] in GLUON_VARIANTS and cfg[4] not in variants:
+        raise ValueError("the Gluon kernel can't serve this call (it needs sm90, fp16 / bf16, head 64 or 128, "
+                         "no mask, not causal, and Q / K / V foldable into 16-byte-aligned 2-D views)")
     run(cfg, o)
     return o
 
@@ -1083,7 +1112,8 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
     layout "bhld": (B, H, L, D) (``heads`` ignored). out_layout defaults to the input layout.
     mask: bool (True = keep) or additive float, broadcastable from (L_k), (L_q, L_k),
     (B, L_q, L_k) or (B, H, L_q, L_k). mode: "exact" or "int8". config: (BLOCK_M, BLOCK_N,
-    num_warps, num_stages) to skip the choice (tests). out: write into this tensor (eager only: it
+    num_warps, num_stages) to skip the choice (tests), with ``out`` also (..., variant): e.g.
+    ``GLUON`` for kernels/attention_hopper.py's kernel. out: write into this tensor (eager only: it
     bypasses the custom op; tests poison it first). pv (8-bit mode's P·V): "auto" (fp8 e4m3 or the
     input dtype, whichever times faster on a GPU with fp8 MMA, sm89+: :func:`pv_modes_for`),
     "half" (input dtype), "fp8", or "f16acc"
@@ -1101,7 +1131,7 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
         heads = q.shape[1]
     elif heads is None:
         raise ValueError("layout 'bld' needs heads")
-    bm, bn, nw, ns = config if config is not None else (0, 0, 0, 0)
+    bm, bn, nw, ns = tuple(config)[:4] if config is not None else (0, 0, 0, 0)
     if out is not None:
         with _interpreted_device_calls(q.device.type):
             return _launch(q, k, v, mask, int(heads), bhld, out_bhld, None if scale is None else float(scale),

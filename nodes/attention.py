@@ -276,9 +276,12 @@ def describe(mode: str, model) -> str:
               else "fp16/bf16")
         lines.append(f"kernel: int8 Q·K (smoothed K, per-row Q / per-block K scales), P·V {pv}, fp32 accumulation")
     elif mode == "exact":
+        gluon = cc is not None and A.attention_hopper.eligible(cc, torch.bfloat16, 128, False, False)
+        tma = cc is not None and A.tma_variants_for(cc, torch.bfloat16) == (A.TMA_OFF, A.TMA_ON)
         lines.append("kernel: exact (fp32 softmax and accumulation"
-                     + ("; K/V through TMA or pointer loads, whichever times faster on this GPU" if
-                        cc is not None and A.tma_variants_for(cc, torch.bfloat16) == (A.TMA_OFF, A.TMA_ON) else "")
+                     + ("; K/V through TMA or pointer loads, whichever times faster on this GPU" if tma else "")
+                     + ("; at heads 64/128 without a mask also the Gluon Hopper kernel (asynchronous MMAs, "
+                        "warp-specialised), timed beside them" if gluon else "")
                      + ")")
     else:
         lines.append("auto: per shape class, the fastest of ComfyUI's attention, exact and 8-bit"

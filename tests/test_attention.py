@@ -241,7 +241,7 @@ def test_tma_variants_follow_the_environment_and_the_arch(env, cc, dtype, want, 
 
 def test_a_bad_tma_setting_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(A.TMA_ENV, "maybe")
-    with pytest.raises(ValueError, match="TRITONKIT_ATTN_TMA must be auto, 0, 1 or ws"):
+    with pytest.raises(ValueError, match="TRITONKIT_ATTN_TMA must be auto, 0, 1, gluon or ws"):
         A.tma_variants_for(90, torch.bfloat16)
 
 
