@@ -6,8 +6,9 @@ Our 8-bit mode is measured in its P·V variants: ``ours_8bit`` (auto, what the n
 variant timed fastest on this GPU), ``ours_8bit_fp8`` (fp8 e4m3 P·V, sm89+ only),
 ``ours_8bit_halfpv`` (P·V in the input dtype) and ``ours_8bit_f16acc`` (opt-in fp16-accumulate
 P·V, aimed at GeForce cards); exact mode likewise: ``ours_exact`` (auto: TMA or pointer loads,
-timed), ``ours_exact_ptr`` (pointer loads), ``ours_exact_tma`` (TMA) and ``ours_exact_tma_ws``
-(TMA + warp specialisation, opt-in), the TMA ones sm90+.
+timed), ``ours_exact_ptr`` (pointer loads), ``ours_exact_tma`` (TMA), ``ours_exact_tma_ws``
+(TMA + warp specialisation, opt-in) and ``ours_exact_gluon`` (kernels/attention_hopper.py's Gluon
+kernel, its block config timed), the TMA ones sm90+, the Gluon one sm90 only.
 
 TFLOPS = 4·B·H·L²·D / t (forward, non-causal). Times are whole calls as a ComfyUI node makes them:
 ours and Sage include their quantisation / smoothing pre-passes. Accuracy is measured on sampled
@@ -226,7 +227,7 @@ def main():
                "kitchen_int8": kitchen_fn,
                "ours_exact": ours("exact"), "ours_exact_ptr": ours("exact", tma="0"),
                "ours_exact_tma": ours("exact", tma="1"),
-               "ours_exact_tma_ws": ours("exact", tma="ws"),
+               "ours_exact_tma_ws": ours("exact", tma="ws"), "ours_exact_gluon": ours("exact", tma="gluon"),
                "ours_8bit": ours("int8"), "ours_8bit_fp8": ours("int8", "fp8"),
                "ours_8bit_halfpv": ours("int8", "half"), "ours_8bit_f16acc": ours("int8", "f16acc")}
     if args.methods:

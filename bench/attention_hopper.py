@@ -1,0 +1,92 @@
+"""The Gluon exact kernel (kernels/attention_hopper.py) at every block config it could use, beside
+the Triton kernel's TMA candidates and the anchors SDPA cuDNN and FA2, on the shapes of real
+models. Whole calls as the node makes them (``attention(..., config=...)``); interleaved rounds
+(every method once per round), median (min-max), x cuDNN per round; accuracy against an fp32
+SDPA reference. sm90 only.
+
+    python bench/attention_hopper.py [--shapes sdxl,flux,hunyuan,wan14b] [--rounds 3] [--rep 40]
+
+The configs that win go into attention_hopper.CANDIDATES, where `auto` times them on the user's
+GPU."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention import A, SHAPES, sdpa  # noqa: E402  (the pack's kernels, through bench/attention.py's import shim)
+
+import tritonkit.kernels.attention_hopper as AH  # noqa: E402
+
+GRID = {128: [(64, 128, 4, (1, 1)), (64, 128, 4, (1, 2))],
+        64: [(64, 128, 4, 2), (64, 128, 4, 3)]}
+GRID_WS = {128: [(128, 128, 4, 2), (128, 64, 4, 2)],
+           64: [(128, 128, 4, 3), (128, 128, 4, 2), (128, 64, 4, 3)]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="sdxl,flux,hunyuan,wan14b")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rep", type=int, default=40)
+    a = ap.parse_args()
+    cc = A._device_cc(torch.device("cuda"))
+    print(torch.cuda.get_device_name(), f"sm{cc}", "torch", torch.__version__, "triton", triton.__version__,
+          "cudnn", torch.backends.cudnn.version(), flush=True)
+    for sname in a.shapes.split(","):
+        B, H, L, D = SHAPES[sname]
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+        flops = 4 * B * H * L * L * D
+        o = torch.empty_like(q)
+        meths = {"cudnn": lambda: sdpa("cudnn")(q, k, v), "fa2": lambda: sdpa("flash")(q, k, v)}
+        for cfg in A.candidates(cc, D, 2, "exact-tma"):
+            meths[f"tma{cfg}"] = (lambda cfg=cfg: A.attention(q, k, v, layout="bhld", config=cfg + (A.TMA_ON,), out=o))
+        for cfg in GRID_WS[D]:
+            meths[f"ws{cfg}"] = (lambda cfg=cfg: A.attention(q, k, v, layout="bhld", config=cfg + (A.GLUON_WS,),
+                                                             out=o))
+        for cfg in GRID_WS[D]:
+            if cfg[0] == 128:
+                meths[f"pp{cfg}"] = (lambda cfg=cfg: A.attention(q, k, v, layout="bhld",
+                                                                 config=cfg + (A.GLUON_PP,), out=o))
+        for cfg in GRID[D]:
+            if AH.smem_bytes(cfg, D) > A._SMEM["sm90"] - 2048:
+                continue
+            meths[f"gluon{cfg}"] = (lambda cfg=cfg: A.attention(q, k, v, layout="bhld", config=cfg + (A.GLUON,),
+                                                                out=o))
+        ok = {}
+        for name, f in meths.items():
+            try:
+                o.fill_(float("nan"))
+                out = f()
+                torch.cuda.synchronize()
+                cos = torch.nn.functional.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0).item()
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+                print(f"  {sname} {name}: cos {cos:.6f} rel {err:.2e} finite {bool(torch.isfinite(out).all())}",
+                      flush=True)
+                ok[name] = f
+            except Exception as e:  # noqa: BLE001
+                print(f"  {sname} {name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+        times = {n: [] for n in ok}
+        for _ in range(a.rounds):
+            for n, f in ok.items():
+                times[n].append(triton.testing.do_bench(f, warmup=10, rep=a.rep))
+        print(f"| {sname} {(B, H, L, D)} | ms med (min-max) | TFLOPS | x cuDNN med (min-max) |")
+        for n in sorted(ok, key=lambda n: statistics.median(times[n])):
+            t = times[n]
+            m = statistics.median(t)
+            r = [c / x for c, x in zip(times["cudnn"], t)] if "cudnn" in times else [float("nan")]
+            print(f"| {n} | {m:.4f} ({min(t):.4f}-{max(t):.4f}) | {flops / m / 1e9:.0f} | "
+                  f"{statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) |", flush=True)
+        del q, k, v, ref, o
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
