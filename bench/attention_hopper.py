@@ -6,8 +6,9 @@ SDPA reference. sm90 only.
 
     python bench/attention_hopper.py [--shapes sdxl,flux,hunyuan,wan14b] [--rounds 3] [--rep 40]
 
-The configs that win go into attention_hopper.CANDIDATES, where `auto` times them on the user's
-GPU."""
+With --int8 also the 8-bit kernels (Triton's at its candidates, the Gluon one at several configs,
+16-bit and fp8 P·V), with the worst row's cosine. The configs that win go into
+attention_hopper.CANDIDATES / CANDIDATES8, where `auto` times them on the user's GPU."""
 from __future__ import annotations
 
 import argparse
@@ -28,12 +29,19 @@ GRID = {128: [(64, 128, 4, (1, 1)), (64, 128, 4, (1, 2))],
 GRID_WS = {128: [(128, 128, 4, 2), (128, 64, 4, 2)],
            64: [(128, 128, 4, 3), (128, 128, 4, 2), (128, 64, 4, 3)]}
 
+GRID8 = {(128, True): [(128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 4, 2)],
+         (128, False): [(128, 128, 4, 2), (128, 64, 4, 3)],
+         (64, True): [(128, 128, 4, 2), (128, 128, 4, 3)],
+         (64, False): [(128, 128, 4, 3)]}
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="sdxl,flux,hunyuan,wan14b")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=40)
+    ap.add_argument("--int8", action="store_true", help="also the 8-bit kernels: Triton's and the Gluon one")
+    ap.add_argument("--only", default=None, help="comma-separated name prefixes of the methods to run (the anchors always)")
     a = ap.parse_args()
     cc = A._device_cc(torch.device("cuda"))
     print(torch.cuda.get_device_name(), f"sm{cc}", "torch", torch.__version__, "triton", triton.__version__,
@@ -60,6 +68,17 @@ def main():
                 continue
             meths[f"gluon{cfg}"] = (lambda cfg=cfg: A.attention(q, k, v, layout="bhld", config=cfg + (A.GLUON,),
                                                                 out=o))
+        if a.int8:
+            for pv, var in ((0, A.G8_HALF), (1, A.G8_FP8)):
+                tag = "fp8" if pv else "half"
+                for cfg in A.candidates(cc, D, 2, "int8-fp8pv" if pv else True):
+                    meths[f"tri8{tag}{cfg}"] = (lambda cfg=cfg, pv=pv: A.attention(
+                        q, k, v, layout="bhld", mode="int8", config=cfg + (pv,), out=o))
+                for cfg in GRID8[(D, bool(pv))]:
+                    meths[f"g8{tag}{cfg}"] = (lambda cfg=cfg, var=var: A.attention(
+                        q, k, v, layout="bhld", mode="int8", config=cfg + (var,), out=o))
+        if a.only:
+            meths = {n: f for n, f in meths.items() if n in ("cudnn", "fa2") or n.startswith(tuple(a.only.split(",")))}
         ok = {}
         for name, f in meths.items():
             try:
@@ -67,9 +86,10 @@ def main():
                 out = f()
                 torch.cuda.synchronize()
                 cos = torch.nn.functional.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0).item()
+                row = torch.nn.functional.cosine_similarity(out.float().reshape(-1, D), ref.reshape(-1, D), dim=-1)
                 err = ((out.float() - ref).norm() / ref.norm()).item()
-                print(f"  {sname} {name}: cos {cos:.6f} rel {err:.2e} finite {bool(torch.isfinite(out).all())}",
-                      flush=True)
+                print(f"  {sname} {name}: cos {cos:.6f} worst row {row.min().item():.5f} rel {err:.2e} "
+                      f"finite {bool(torch.isfinite(out).all())}", flush=True)
                 ok[name] = f
             except Exception as e:  # noqa: BLE001
                 print(f"  {sname} {name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)

@@ -580,6 +580,10 @@ PV_MODES = ("auto", "half", "fp8", "f16acc")
 TMA_OFF, TMA_ON, TMA_WS, GLUON, GLUON_WS, GLUON_PP = 0, 1, 2, 3, 4, 5
 GLUON_VARIANTS = (GLUON, GLUON_WS, GLUON_PP)
 _GLUON_WS = {GLUON: False, GLUON_WS: True, GLUON_PP: "pp"}
+# 8-bit mode's variants beyond the kernel's PV_MODEs: kernels/attention_hopper.py's warp-specialised
+# 8-bit kernel with P·V in the input dtype (G8_HALF, PV_MODE 0's arithmetic) or in fp8 (G8_FP8, PV_MODE 1's)
+G8_HALF, G8_FP8 = 3, 4
+_G8_OF = {0: G8_HALF, 1: G8_FP8}
 
 # fp8 P·V has ~3x the error of 16-bit P·V (rel. L2 3.8 % vs 1.2 %, cos 0.9993 vs 0.99993 on an
 # H100, bench/attention.py), so `auto` takes it only where it times at least this much faster:
@@ -876,7 +880,7 @@ def _table(int8: bool, variant: int, q_tma: bool = True):
     does the opt-in warp specialisation: its buffers need more shared memory (263 KB at
     (128, 128, 8, 3), head 128, over the H200's 227 KB)."""
     if int8:
-        return (True, "int8-fp8pv", "int8-f16acc")[variant]
+        return (True, "int8-fp8pv", "int8-f16acc", None, None)[variant]
     return "exact-tma" if variant == TMA_ON and q_tma else False
 
 
@@ -887,6 +891,9 @@ def variant_candidates(cc: int, block_d: int, in_bytes: int, int8: bool, variant
     for v in variants:
         if not int8 and v in GLUON_VARIANTS:
             out += [tuple(c) + (v,) for c in attention_hopper.candidates(block_d, ws=_GLUON_WS[v])]
+            continue
+        if int8 and v in (G8_HALF, G8_FP8):
+            out += [tuple(c) + (v,) for c in attention_hopper.candidates8(block_d, fp8_pv=v == G8_FP8)]
             continue
         cands = candidates(cc, block_d, in_bytes, _table(int8, v, q_tma))
         if not int8 and v == TMA_WS:
@@ -967,9 +974,19 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
               and all(t.data_ptr() % 16 == 0 for t in (q4, k4, v4, o)))
 
     tma_view = None
-    q_view = None
+    q_view = v_view = None
     if int8:
         variants = pv_modes
+        if attention_hopper.eligible(cc, q.dtype, D, kind != 0, causal) and not int64:
+            # the Gluon 8-bit kernel beside the Triton one: with 16-bit P·V (V read through TMA:
+            # only where V folds into a 2-D view) wherever 16-bit P·V is allowed; with fp8 P·V only
+            # when asked for (pv="fp8"): it timed 8-20 % below its 16-bit P·V at every shape on an
+            # H200 (the P operand's fp8 layout costs a register shuffle; BENCHMARKS.md, 2026-11-26)
+            v_view = _tma_view2d(v4, B, Hk, Lk, D, bhld) if align8 else None
+            if 0 in pv_modes and v_view is not None:
+                variants += (G8_HALF,)
+            if pv == "fp8":
+                variants += (G8_FP8,)
     else:
         gluon = attention_hopper.eligible(cc, q.dtype, D, kind != 0, causal)
         variants = tma_variants_for(cc, q.dtype, gluon)
@@ -985,6 +1002,13 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
 
     def run(c, o_out, warmup=False):
         bm, bn, nw, ns, variant = c
+        if int8 and variant in (G8_HALF, G8_FP8):
+            fp8 = variant == G8_FP8
+            qa, qs_, ka, ks_, vf, vamax = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
+                                                        sm_scale * LOG2E, bn, fp8, warmup)
+            attention_hopper.launch8(qa, qs_, ka, ks_, vf if fp8 else v_view, vamax, o_out, so, B, H, Hk, Lq, Lk,
+                                     D, c[:4], launch_kernel, warmup)
+            return
         if not int8 and variant in GLUON_VARIANTS:
             attention_hopper.launch(q_view, tma_view, o_out, so, B, H, Hk, Lq, Lk, D, sm_scale, c[:4],
                                     launch_kernel, warmup, ws=_GLUON_WS[variant])
@@ -1037,7 +1061,7 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
         return o
     if len(cfg) == 4:
         cfg = tuple(cfg) + (variants[0],)  # an explicit block config runs the default variant
-    elif not int8 and cfg[4] in GLUON_VARIANTS and cfg[4] not in variants:
+    elif (cfg[4] in (GLUON_VARIANTS if not int8 else (G8_HALF, G8_FP8))) and cfg[4] not in variants:
         raise ValueError("the Gluon kernel can't serve this call (it needs sm90, fp16 / bf16, head 64 or 128, "
                          "no mask, not causal, and Q / K / V foldable into 16-byte-aligned 2-D views)")
     run(cfg, o)
@@ -1068,8 +1092,8 @@ def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None,
     if run is None:
         return cands[0]
     weight = None
-    if int8 and 1 in variants and len(variants) > 1:
-        weight = lambda c: FP8_PV_MARGIN if c[4] == 1 else 1.0  # noqa: E731
+    if int8 and (1 in variants or G8_FP8 in variants) and len(variants) > 1:
+        weight = lambda c: FP8_PV_MARGIN if c[4] in (1, G8_FP8) else 1.0  # noqa: E731
     return tuning.pick(dev, skey, cands, run=lambda c: run(c, o), warm=lambda c: run(c, o, warmup=True),
                        weight=weight, family=lambda c: c[4], in_model=True)
 

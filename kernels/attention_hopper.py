@@ -27,6 +27,13 @@ FlashAttention-3 builds by hand can be written out. Three forms, each a variant 
 * The same with ``PINGPONG`` (GLUON_PP): the two consumers take turns issuing their MMAs (two more
   mbarriers), FlashAttention-3's schedule, instead of leaving the overlap to the warp scheduler.
 
+* ``attn_fwd_hopper_ws8`` (8-bit mode's ``G8_HALF`` / ``G8_FP8``): the warp-specialised schedule over
+  kernels/attention.py's 8-bit pre-pass: int8 Q·K on the tensor cores (s32 accumulation, rescaled by
+  Q's row and K's block scales), P·V in the input dtype or in fp8 e4m3 (P × 448 against the
+  transposed, per-channel-scaled fp8 V copy, each key block summed by the MMA and the blocks in fp32
+  registers) — the Triton 8-bit kernel's arithmetic, so the same accuracy. fp8 P·V is offered only
+  when asked for: its P operand's fp8 layout costs a register shuffle, and it timed below 16-bit P·V.
+
 One program is one BLOCK_M-row tile of one (batch, head).
 
 Scope: sm90, fp16 / bf16, head 64 or 128 (no padding), no mask, not causal, any L_q / L_kv, GQA,
@@ -70,6 +77,22 @@ CANDIDATES_WS = {
 }
 
 
+# The 8-bit kernel (always warp-specialised): 16-bit P·V with 128-key blocks; fp8 P·V (offered only
+# when asked for) with 128-key blocks too: 64-key blocks avoid its 220 bytes of spills at head 128
+# (the per-block fp8 sums are one more accumulator) but timed 13-30 % slower on an H200.
+CANDIDATES8 = {
+    (128, True): [(128, 128, 4, 2)],
+    (64, True): [(128, 128, 4, 2)],
+    (128, False): [(128, 128, 4, 2)],
+    (64, False): [(128, 128, 4, 3)],
+}
+
+
+def candidates8(head_dim: int, fp8_pv: bool) -> list:
+    """(BLOCK_M, BLOCK_N, num_warps, stages) of the 8-bit kernel at this head size and P·V."""
+    return list(CANDIDATES8[(head_dim, bool(fp8_pv))])
+
+
 def smem_bytes(cfg, head_dim: int, in_bytes: int = 2) -> int:
     bm, bn, _, stages = cfg
     ks, vs = stages if isinstance(stages, (tuple, list)) else (stages, stages)
@@ -104,6 +127,9 @@ _KERNELS = None
 # setmaxnreg requests of the warp-specialised kernel's worker partitions (a multiple of 8, 24-256)
 WS_CONSUMER_REGS = 232
 WS_PRODUCER_REGS = 40
+# the 8-bit kernel's consumers hold one more accumulator (fp8 P·V's per-block sums)
+WS8_CONSUMER_REGS = 240
+WS8_PRODUCER_REGS = 24
 
 
 def _build():
@@ -233,7 +259,9 @@ def _build():
 
     @gluon.jit
     def _ws_producer(QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                     q_row, q_col, k_row, k_col, n_blocks):
+                     q_row, q_col, k_row, k_col, n_blocks, v_row, v_col):
+        """The producer warp. Block j's V tile sits at [v_row + j·BLOCK_N, v_col], or, for the 8-bit
+        form's transposed fp8 V (channels × keys), at [v_row, v_col + j·BLOCK_N]."""
         # constexprs don't cross into a partition: read them off the buffers' shapes
         NUM_C: gl.constexpr = q_smem.shape[0]
         STAGES: gl.constexpr = k_smem.shape[0]
@@ -250,7 +278,10 @@ def _build():
             tma.async_copy_global_to_shared(KD, [k_row + j * BLOCK_N, k_col], k_full.index(st), k_smem.index(st))
             mbarrier.wait(v_empty.index(st), ph, pred=again)
             mbarrier.expect(v_full.index(st), VD.block_type.nbytes)
-            tma.async_copy_global_to_shared(VD, [k_row + j * BLOCK_N, k_col], v_full.index(st), v_smem.index(st))
+            if v_smem.dtype == gl.float8e4nv:
+                tma.async_copy_global_to_shared(VD, [v_row, v_col + j * BLOCK_N], v_full.index(st), v_smem.index(st))
+            else:
+                tma.async_copy_global_to_shared(VD, [v_row + j * BLOCK_N, v_col], v_full.index(st), v_smem.index(st))
 
     @gluon.jit
     def _my_turn(turn, c: gl.constexpr, k):
@@ -381,25 +412,184 @@ def _build():
         cons = (O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
                 turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol)
         prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                b * q_rb + h * q_rh + row0, h * q_ch, b * k_rb + hk * k_rh, hk * k_ch, n_blocks)
+                b * q_rb + h * q_rh + row0, h * q_ch, b * k_rb + hk * k_rh, hk * k_ch, n_blocks,
+                b * k_rb + hk * k_rh, hk * k_ch)
         if NUM_C == 2:
             gl.warp_specialize([(_ws_consumer0, cons), (_ws_consumer1, cons), (_ws_producer, prod)],
                                [4, 1], [REGS_C, REGS_P])
         else:
             gl.warp_specialize([(_ws_consumer0, cons), (_ws_producer, prod)], [1], [REGS_P])
 
-    return attn_fwd_hopper, attn_fwd_hopper_ws
+    # ---- 8-bit, warp-specialised: int8 Q·K (the pre-pass's smoothed, scaled copies), P·V in fp8 e4m3
+    # (P × 448 against the transposed, per-channel-scaled fp8 V) or in the input dtype
+
+    @gluon.jit
+    def _ws_consumer8(c: gl.constexpr, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+                      turn, QS, KS, VA, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base):
+        HEAD_D: gl.constexpr = q_smem.shape[2]
+        STAGES: gl.constexpr = k_smem.shape[0]
+        BLOCK_N: gl.constexpr = k_smem.shape[1]
+        FP8: gl.constexpr = v_smem.dtype == gl.float8e4nv
+        PK: gl.constexpr = 32 if FP8 else 16  # the P·V instruction's k
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 32])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_D, PK])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+        q = q_smem.index(c)
+        s_zero = gl.zeros([64, BLOCK_N], gl.int32, s_layout)
+        o_zero = gl.zeros([64, HEAD_D], gl.float32, o_layout)
+        offs_m = row0 + c * 64 + gl.arange(0, 64, layout=row_s)
+        qsc = gl.load(QS + qs_base + offs_m, mask=offs_m < Lq, other=0.0)  # softmax scale, log2(e) folded in
+        m_i = gl.full([64], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([64], gl.float32, row_s)
+        acc = gl.zeros([64, HEAD_D], gl.float32, o_layout)
+
+        mbarrier.wait(q_bars.index(c), 0)
+        mbarrier.wait(k_full.index(0), 0)
+        _my_turn(turn, c, 0)
+        tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _pass_turn(turn, c)
+        s = warpgroup_mma_wait(0, deps=(tok,))
+        mbarrier.arrive(k_empty.index(0))
+        p, alpha, m_i, l_i = _softmax(s.to(gl.float32) * gl.expand_dims(qsc * gl.load(KS + ks_base), 1), 0,
+                                      m_i, l_i, 1.0, Lk, BLOCK_N, s_layout)
+        if FP8:
+            p_op = gl.convert_layout((p * 448.0).to(gl.float8e4nv), p_layout)
+        else:
+            p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+        for j in range(1, n_blocks):
+            st = j % STAGES
+            pst = (j - 1) % STAGES
+            mbarrier.wait(k_full.index(st), (j // STAGES) & 1)
+            mbarrier.wait(v_full.index(pst), ((j - 1) // STAGES) & 1)
+            _my_turn(turn, c, j)
+            s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            if FP8:  # one key block's products summed by the MMA, the blocks in fp32 registers
+                o_tok = warpgroup_mma(p_op, v_smem.index(pst).permute((1, 0)), o_zero, use_acc=False,
+                                      is_async=True)
+            else:
+                o_tok = warpgroup_mma(p_op, v_smem.index(pst), acc, is_async=True)
+            _pass_turn(turn, c)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(st))
+            p, alpha, m_i, l_i = _softmax(s.to(gl.float32) * gl.expand_dims(qsc * gl.load(KS + ks_base + j), 1),
+                                          j, m_i, l_i, 1.0, Lk, BLOCK_N, s_layout)
+            pv = warpgroup_mma_wait(0, deps=(o_tok,))
+            mbarrier.arrive(v_empty.index(pst))
+            # blocks < j at block j-1's max; then rescaled to block j's
+            if FP8:
+                acc = acc + pv
+            else:
+                acc = pv
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            if FP8:
+                p_op = gl.convert_layout((p * 448.0).to(gl.float8e4nv), p_layout)
+            else:
+                p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+        lst = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_full.index(lst), ((n_blocks - 1) // STAGES) & 1)
+        _my_turn(turn, c, n_blocks)
+        if FP8:
+            o_tok = warpgroup_mma(p_op, v_smem.index(lst).permute((1, 0)), o_zero, use_acc=False, is_async=True)
+        else:
+            o_tok = warpgroup_mma(p_op, v_smem.index(lst), acc, is_async=True)
+        _pass_turn(turn, c)
+        pv = warpgroup_mma_wait(0, deps=(o_tok,))
+        mbarrier.arrive(v_empty.index(lst))
+        if FP8:
+            acc = acc + pv
+            offs_d = gl.arange(0, HEAD_D, layout=col_o)
+            vs = gl.load(VA + va_base + offs_d) * (1.0 / (448.0 * 448.0))
+            acc = acc * gl.expand_dims(vs, 0)
+        else:
+            acc = pv
+        acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        rows = row0 + c * 64 + gl.arange(0, 64, layout=row_o)
+        offs_d = gl.arange(0, HEAD_D, layout=col_o)
+        ptrs = o_base + gl.expand_dims(rows.to(gl.int64) * stride_ol, 1) + gl.expand_dims(offs_d, 0)
+        gl.store(ptrs, acc.to(O.dtype.element_ty), mask=gl.expand_dims(rows < Lq, 1))
+
+    @gluon.jit
+    def _ws8_consumer0(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
+                       Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base):
+        _ws_consumer8(0, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
+                      Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base)
+
+    @gluon.jit
+    def _ws8_consumer1(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
+                       Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base):
+        _ws_consumer8(1, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
+                      Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base)
+
+    @gluon.jit
+    def attn_fwd_hopper_ws8(QD, KD, VD, O, QS, KS, VA, Lq, Lk, H, KV_GROUP,
+                            q_rb, q_rh, k_rb, k_rh, v_rb, v_rh, v_ch, stride_ob, stride_oh, stride_ol,
+                            HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            STAGES: gl.constexpr, num_warps: gl.constexpr,
+                            REGS_C: gl.constexpr, REGS_P: gl.constexpr, PINGPONG: gl.constexpr):
+        """QD / KD: the pre-pass's int8 Q (B·H·Lq, D) and K (B·Hk·Lk, D); VD: fp8 Vᵀ (B·Hk·D, L_pad)
+        or V's own 2-D view (rows v_rb a batch, v_rh a head, columns v_ch a head); QS (B·H·Lq) the
+        row scales, KS (B·Hk, cdiv(Lk, BLOCK_N)) the block scales, VA (B·Hk·D) V's channel max."""
+        NUM_C: gl.constexpr = BLOCK_M // 64
+        n_m = gl.cdiv(Lq, BLOCK_M)
+        pid = gl.program_id(0)
+        mb = pid % n_m
+        bh = pid // n_m
+        b = bh // H
+        h = bh % H
+        hk = h // KV_GROUP
+        bhk = b * (H // KV_GROUP) + hk
+        n_blocks = gl.cdiv(Lk, BLOCK_N)
+        q_smem = gl.allocate_shared_memory(QD.dtype, [NUM_C, 64, HEAD_D], QD.layout)
+        k_smem = gl.allocate_shared_memory(KD.dtype, [STAGES, BLOCK_N, HEAD_D], KD.layout)
+        v_smem = gl.allocate_shared_memory(VD.dtype, [STAGES] + VD.block_type.shape, VD.layout)
+        q_bars = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        N_TURN: gl.constexpr = 2 if (PINGPONG and NUM_C == 2) else 1
+        turn = gl.allocate_shared_memory(gl.int64, [N_TURN, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(N_TURN):
+            mbarrier.init(turn.index(i), count=1)
+        for i in gl.static_range(NUM_C):
+            mbarrier.init(q_bars.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=NUM_C)
+            mbarrier.init(v_empty.index(i), count=NUM_C)
+        o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+        row0 = mb * BLOCK_M
+        cons = (O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
+                Lq, Lk, n_blocks, o_base, row0, stride_ol, bh * Lq, bhk * n_blocks, bhk * HEAD_D)
+        prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+                b * q_rb + h * q_rh + row0, 0, b * k_rb + hk * k_rh, 0, n_blocks,
+                b * v_rb + hk * v_rh, hk * v_ch)
+        if NUM_C == 2:
+            gl.warp_specialize([(_ws8_consumer0, cons), (_ws8_consumer1, cons), (_ws_producer, prod)],
+                               [4, 1], [REGS_C, REGS_P])
+        else:
+            gl.warp_specialize([(_ws8_consumer0, cons), (_ws_producer, prod)], [1], [REGS_P])
+
+    return attn_fwd_hopper, attn_fwd_hopper_ws, attn_fwd_hopper_ws8
 
 
-def kernel(ws: bool = False):
-    """The plain kernel, or with ``ws`` the warp-specialised one."""
+def kernel(ws: bool = False, int8: bool = False):
+    """The plain kernel, with ``ws`` the warp-specialised one, with ``int8`` the 8-bit one (always
+    warp-specialised)."""
     global _KERNELS
     if _KERNELS is None:
         _KERNELS = _build()
-    return _KERNELS[1 if ws else 0]
+    return _KERNELS[2 if int8 else 1 if ws else 0]
 
 
-_GL_DTYPE = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_GL_DTYPE = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int8: "int8",
+             torch.float8_e4m3fn: "float8e4nv"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -433,6 +623,51 @@ def launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_f
               q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, so[0], so[1], so[2],
               HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, K_STAGES=ks, V_STAGES=vs, num_warps=nw,
               warmup=warmup, **regs)
+
+
+def launch8(qi, qs, ki, ks, v_view, vamax, o, so, B, H, Hk, Lq, Lk, D, cfg, launch_fn, warmup=False, pp=False):
+    """One 8-bit call from kernels/attention.py's pre-pass: int8 ``qi`` (B, H, Lq, D) with row
+    scales ``qs``, int8 ``ki`` (B, Hk, Lk, D) with block scales ``ks`` (one per BLOCK_N keys),
+    ``v_view``: the fp8 Vᵀ copy (B, Hk, D, L_pad) or, for 16-bit P·V, V's 2-D view with its (row
+    per batch, row per head, column per head); ``vamax`` V's channel max (fp8 only)."""
+    bm, bn, _, stages = cfg
+    qd = descriptor(qi.view(B * H * Lq, D), (64, D))
+    kd = descriptor(ki.view(B * Hk * Lk, D), (bn, D))
+    if isinstance(v_view, torch.Tensor):  # fp8 Vᵀ: channels × keys
+        l_pad = v_view.shape[-1]
+        vd = descriptor(v_view.view(B * Hk * D, l_pad), (D, bn))
+        v_rb, v_rh, v_ch = Hk * D, D, 0
+        va = vamax
+    else:
+        v2, (v_rb, v_rh, v_ch) = v_view
+        vd = descriptor(v2, (bn, D))
+        va = qs  # unused
+    grid = (((Lq + bm - 1) // bm) * B * H,)
+    launch_fn(kernel(int8=True), grid, qd, kd, vd, o, qs, ks, va, Lq, Lk, H, H // Hk,
+              H * Lq, Lq, Hk * Lk, Lk, v_rb, v_rh, v_ch, so[0], so[1], so[2],
+              HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=4,
+              REGS_C=WS8_CONSUMER_REGS, REGS_P=WS8_PRODUCER_REGS, PINGPONG=bool(pp), warmup=warmup)
+
+
+def compile_spec8(dtype, head_dim: int, cfg, fp8_pv: bool = True, pp: bool = False):
+    """compile_spec's counterpart for the 8-bit kernel."""
+    bm, bn, _, stages = cfg
+    ty = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+
+    def desc(t, gty, shape):
+        return f"tensordesc<{t}[{shape[0]}, {shape[1]}],{_smem_layout(tuple(shape), gty)!r}>"
+
+    vd = desc("fp8e4nv", torch.float8_e4m3fn, (head_dim, bn)) if fp8_pv else desc(ty, dtype, (bn, head_dim))
+    sig = {"QD": desc("i8", torch.int8, (64, head_dim)), "KD": desc("i8", torch.int8, (bn, head_dim)), "VD": vd,
+           "O": f"*{ty}", "QS": "*fp32", "KS": "*fp32", "VA": "*fp32"}
+    for n in ("Lq", "Lk", "H", "KV_GROUP", "q_rb", "q_rh", "k_rb", "k_rh", "v_rb", "v_rh", "v_ch",
+              "stride_ob", "stride_oh", "stride_ol"):
+        sig[n] = "i32"
+    consts = {"HEAD_D": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "num_warps": 4,
+              "REGS_C": WS8_CONSUMER_REGS, "REGS_P": WS8_PRODUCER_REGS, "PINGPONG": bool(pp)}
+    for n in consts:
+        sig[n] = "constexpr"
+    return kernel(int8=True), sig, consts, {"archs": (90,), "num_warps": 4, "num_stages": 1}
 
 
 def compile_spec(dtype, head_dim: int, cfg, ws: bool = False):

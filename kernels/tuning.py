@@ -56,6 +56,11 @@ def cache() -> dict:
     return _CACHE
 
 
+def playoffs_pending() -> int:
+    """How many keys' playoffs are still running in the model's calls (kernels/trials.py)."""
+    return len(_TRIALS)
+
+
 def reset() -> None:
     """Forgets this process's picks and playoffs in progress (tests: a new process)."""
     with _LOCK:

@@ -619,6 +619,8 @@ class _FakeGPU:
         C.reset()
         T.cache().clear()
         monkeypatch.setattr(A, "_device_cc", lambda dev: cc)
+        # the Triton kernel's variants alone (tests/test_attention_hopper.py fakes the Gluon ones)
+        monkeypatch.setattr(A.attention_hopper, "gluon_available", lambda: False)
         self.prep = []  # launches of the 8-bit pre-pass kernels
         monkeypatch.setattr(A, "kernel_for", lambda fn, dev_type: _Recorder(self.log) if fn is A.attn_fwd_kernel
                             else _Recorder(self.prep))
