@@ -157,18 +157,19 @@ def kernel_reports():
     return reps
 
 
-def settle(call, max_s: float = 10.0):
-    """Calls ``call`` until no block-config playoff is left running in the calls (kernels/trials.py),
-    at most ``max_s`` seconds: ``auto`` is then timed at the config it settled on, not while its
-    finalists still take turns (a loop of back-to-back calls is also not the load the playoff is
-    meant to see: where the host's time per call nears the GPU's, idle gaps fall between its events)."""
+def settle(call, max_s: float = 60.0):
+    """Calls ``call`` until every block-config choice has settled (kernels/tuning.py: no configs left
+    compiling in the background, during which the first config runs untimed, and no playoff left
+    running in the calls, kernels/trials.py), at most ``max_s`` seconds: ``auto`` is then timed at the
+    config it settled on. (A loop of back-to-back calls is not the load the playoff is meant to see:
+    where the host's time per call nears the GPU's, idle gaps fall between its events.)"""
     import time
     from tritonkit.kernels import tuning
     t0 = time.perf_counter()
-    while tuning.playoffs_pending() and time.perf_counter() - t0 < max_s:
+    while tuning.unsettled() and time.perf_counter() - t0 < max_s:
         call()
     torch.cuda.synchronize()
-    return tuning.playoffs_pending()
+    return tuning.unsettled()
 
 
 def warm_gpu(seconds):
@@ -269,7 +270,7 @@ def main():
                 triton.testing.do_bench(lambda: fn(q, k, v), warmup=25, rep=25)  # warm: tuning, caches
                 pending = settle(lambda: fn(q, k, v))
                 row[mname] = {**acc, "outliers": {k2: acc_o[k2] for k2 in ("cos", "min_row_cos", "rel", "finite")},
-                              "ms_rounds": [], "playoffs_pending": pending}
+                              "ms_rounds": [], "unsettled": pending}
                 live[mname] = fn
             except Exception as e:  # noqa: BLE001
                 row[mname] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}

@@ -56,9 +56,11 @@ def cache() -> dict:
     return _CACHE
 
 
-def playoffs_pending() -> int:
-    """How many keys' playoffs are still running in the model's calls (kernels/trials.py)."""
-    return len(_TRIALS)
+def unsettled() -> int:
+    """How many keys have no pick yet in this process: their configs still compiling in the
+    background (the first config runs untimed meanwhile, :func:`_deferred`) or their playoff still
+    running in the model's calls (kernels/trials.py)."""
+    return len(_PENDING) + len(_TRIALS)
 
 
 def reset() -> None:

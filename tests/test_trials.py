@@ -179,6 +179,7 @@ def test_a_calibrations_chosen_path_starts_its_playoff_in_the_models_calls(tuner
     # the calibration's own store on the CPU (no GPU here to name it); the paths tune for the "GPU"
     assert C.choose(torch.device("cpu"), "cls", {"exact": path("k|exact"), "int8": path("k|int8")}, "exact") == "int8"
     assert set(T._TRIALS) == {"k|int8"} and T.cache()["k|exact"] == A
+    assert T.unsettled() == 1  # the playoff still to run in the calls
     assert tuner["k|exact"]["playoff"] == "not run: the calibration chose int8, not exact"
     assert tuner["k|int8"]["playoff"] == "in the model's calls"
     for _ in range(2 * TR.SAMPLES + 1):

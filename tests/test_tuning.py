@@ -251,6 +251,7 @@ def test_where_the_calibration_defers_a_new_key_runs_its_first_config_until_the_
         assert sorted(warmed) == sorted((c, True) for c in CANDS) and bench.timed == []
         assert T.pick(CPU, "k|defer", CANDS, run=runner(bench), warm=warm) == CANDS[0]  # still compiling
         assert len(warmed) == 3 and bench.timed == [] and "k|defer" not in T.cache()
+        assert T.unsettled() == 1  # benches wait on this before timing `auto`
         ready["now"] = True
         busy = {"now": True}  # its configs compiled, another key's compiles still run: not timed yet
         monkeypatch.setattr(prepare, "busy", lambda: busy["now"])
@@ -258,6 +259,7 @@ def test_where_the_calibration_defers_a_new_key_runs_its_first_config_until_the_
         assert bench.timed == []
         busy["now"] = False
         assert T.pick(CPU, "k|defer", CANDS, run=runner(bench), warm=warm) == CANDS[1]  # timed now
+        assert T.unsettled() == 0
         assert sorted(bench.timed) == sorted(CANDS) and C.recall(CPU, "k|defer")["config"] == list(CANDS[1])
         # inside a calibration's timing (synchronous) a new key is timed at once
         with C.synchronous():
