@@ -372,25 +372,20 @@ def _build():
                      turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol)
 
     @gluon.jit
-    def attn_fwd_hopper_ws(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP,
-                           q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, stride_ob, stride_oh, stride_ol,
-                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                           K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
-                           REGS_C: gl.constexpr, REGS_P: gl.constexpr, PINGPONG: gl.constexpr):
+    def _ws_setup(QD, KD, VD, Lq, Lk, H, KV_GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+        """A warp-specialised program's tile (query block, batch·head, batch, head, K/V head, key
+        blocks) and its buffers: Q tiles a consumer each, the K / V rings with their full and empty
+        mbarriers (the empty ones released by every consumer), and the ping-pong's turn barriers."""
         NUM_C: gl.constexpr = BLOCK_M // 64
-        STAGES: gl.constexpr = K_STAGES
-        dtype: gl.constexpr = QD.dtype
+        HEAD_D: gl.constexpr = QD.block_type.shape[1]
         n_m = gl.cdiv(Lq, BLOCK_M)
         pid = gl.program_id(0)
-        mb = pid % n_m
         bh = pid // n_m
-        b = bh // H
         h = bh % H
-        hk = h // KV_GROUP
-        n_blocks = gl.cdiv(Lk, BLOCK_N)
-        q_smem = gl.allocate_shared_memory(dtype, [NUM_C, 64, HEAD_D], QD.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], KD.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], VD.layout)
+        q_smem = gl.allocate_shared_memory(QD.dtype, [NUM_C, 64, HEAD_D], QD.layout)
+        k_smem = gl.allocate_shared_memory(KD.dtype, [STAGES, BLOCK_N, HEAD_D], KD.layout)
+        v_smem = gl.allocate_shared_memory(VD.dtype, [STAGES] + VD.block_type.shape, VD.layout)
         q_bars = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -407,6 +402,19 @@ def _build():
             mbarrier.init(v_full.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=NUM_C)
             mbarrier.init(v_empty.index(i), count=NUM_C)
+        return (pid % n_m, bh, bh // H, h, h // KV_GROUP, gl.cdiv(Lk, BLOCK_N), q_smem, k_smem, v_smem, q_bars,
+                k_full, v_full, k_empty, v_empty, turn)
+
+    @gluon.jit
+    def attn_fwd_hopper_ws(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP,
+                           q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, stride_ob, stride_oh, stride_ol,
+                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                           K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
+                           REGS_C: gl.constexpr, REGS_P: gl.constexpr, PINGPONG: gl.constexpr):
+        NUM_C: gl.constexpr = BLOCK_M // 64
+        STAGES: gl.constexpr = K_STAGES
+        mb, bh, b, h, hk, n_blocks, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn = \
+            _ws_setup(QD, KD, VD, Lq, Lk, H, KV_GROUP, BLOCK_M, BLOCK_N, STAGES, PINGPONG)
         o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
         row0 = mb * BLOCK_M
         cons = (O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
@@ -535,34 +543,9 @@ def _build():
         or V's own 2-D view (rows v_rb a batch, v_rh a head, columns v_ch a head); QS (B·H·Lq) the
         row scales, KS (B·Hk, cdiv(Lk, BLOCK_N)) the block scales, VA (B·Hk·D) V's channel max."""
         NUM_C: gl.constexpr = BLOCK_M // 64
-        n_m = gl.cdiv(Lq, BLOCK_M)
-        pid = gl.program_id(0)
-        mb = pid % n_m
-        bh = pid // n_m
-        b = bh // H
-        h = bh % H
-        hk = h // KV_GROUP
+        mb, bh, b, h, hk, n_blocks, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn = \
+            _ws_setup(QD, KD, VD, Lq, Lk, H, KV_GROUP, BLOCK_M, BLOCK_N, STAGES, PINGPONG)
         bhk = b * (H // KV_GROUP) + hk
-        n_blocks = gl.cdiv(Lk, BLOCK_N)
-        q_smem = gl.allocate_shared_memory(QD.dtype, [NUM_C, 64, HEAD_D], QD.layout)
-        k_smem = gl.allocate_shared_memory(KD.dtype, [STAGES, BLOCK_N, HEAD_D], KD.layout)
-        v_smem = gl.allocate_shared_memory(VD.dtype, [STAGES] + VD.block_type.shape, VD.layout)
-        q_bars = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
-        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        N_TURN: gl.constexpr = 2 if (PINGPONG and NUM_C == 2) else 1
-        turn = gl.allocate_shared_memory(gl.int64, [N_TURN, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(N_TURN):
-            mbarrier.init(turn.index(i), count=1)
-        for i in gl.static_range(NUM_C):
-            mbarrier.init(q_bars.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_full.index(i), count=1)
-            mbarrier.init(v_full.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=NUM_C)
-            mbarrier.init(v_empty.index(i), count=NUM_C)
         o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
         row0 = mb * BLOCK_M
         cons = (O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
