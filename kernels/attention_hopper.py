@@ -301,77 +301,6 @@ def _build():
             mbarrier.arrive(turn.index(1 - c))
 
     @gluon.jit
-    def _ws_consumer(c: gl.constexpr, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                     turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol):
-        dtype: gl.constexpr = q_smem.dtype
-        HEAD_D: gl.constexpr = q_smem.shape[2]
-        STAGES: gl.constexpr = k_smem.shape[0]
-        BLOCK_N: gl.constexpr = k_smem.shape[1]
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_D, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        q = q_smem.index(c)
-        s_zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
-        m_i = gl.full([64], float("-inf"), gl.float32, row_s)
-        l_i = gl.zeros([64], gl.float32, row_s)
-        acc = gl.zeros([64, HEAD_D], gl.float32, o_layout)
-
-        mbarrier.wait(q_bars.index(c), 0)
-        mbarrier.wait(k_full.index(0), 0)
-        _my_turn(turn, c, 0)
-        tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        _pass_turn(turn, c)
-        s = warpgroup_mma_wait(0, deps=(tok,))
-        mbarrier.arrive(k_empty.index(0))
-        p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        for j in range(1, n_blocks):
-            st = j % STAGES
-            pst = (j - 1) % STAGES
-            mbarrier.wait(k_full.index(st), (j // STAGES) & 1)
-            mbarrier.wait(v_full.index(pst), ((j - 1) // STAGES) & 1)
-            _my_turn(turn, c, j)
-            s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            o_tok = warpgroup_mma(p_op, v_smem.index(pst), acc, is_async=True)
-            _pass_turn(turn, c)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))
-            mbarrier.arrive(k_empty.index(st))
-            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
-            acc = warpgroup_mma_wait(0, deps=(o_tok,))
-            mbarrier.arrive(v_empty.index(pst))
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-        lst = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_full.index(lst), ((n_blocks - 1) // STAGES) & 1)
-        _my_turn(turn, c, n_blocks)
-        o_tok = warpgroup_mma(p_op, v_smem.index(lst), acc, is_async=True)
-        _pass_turn(turn, c)
-        acc = warpgroup_mma_wait(0, deps=(o_tok,))
-        mbarrier.arrive(v_empty.index(lst))
-
-        acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-        offs_m = row0 + c * 64 + gl.arange(0, 64, layout=row_o)
-        offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
-        ptrs = o_base + gl.expand_dims(offs_m.to(gl.int64) * stride_ol, 1) + gl.expand_dims(offs_d, 0)
-        gl.store(ptrs, acc.to(O.dtype.element_ty), mask=gl.expand_dims(offs_m < Lq, 1))
-
-    @gluon.jit
-    def _ws_consumer0(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                      turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol):
-        _ws_consumer(0, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                     turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol)
-
-    @gluon.jit
-    def _ws_consumer1(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                      turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol):
-        _ws_consumer(1, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                     turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol)
-
-    @gluon.jit
     def _ws_setup(QD, KD, VD, Lq, Lk, H, KV_GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, PINGPONG: gl.constexpr):
         """A warp-specialised program's tile (query block, batch·head, batch, head, K/V head, key
@@ -417,8 +346,8 @@ def _build():
             _ws_setup(QD, KD, VD, Lq, Lk, H, KV_GROUP, BLOCK_M, BLOCK_N, STAGES, PINGPONG)
         o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
         row0 = mb * BLOCK_M
-        cons = (O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                turn, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol)
+        cons = (O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, O, O, O,
+                qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, 0, 0, 0)
         prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
                 b * q_rb + h * q_rh + row0, h * q_ch, b * k_rb + hk * k_rh, hk * k_ch, n_blocks,
                 b * k_rb + hk * k_rh, hk * k_ch)
@@ -432,15 +361,21 @@ def _build():
     # (P × 448 against the transposed, per-channel-scaled fp8 V) or in the input dtype
 
     @gluon.jit
-    def _ws_consumer8(c: gl.constexpr, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                      turn, QS, KS, VA, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base):
+    def _ws_consumer(c: gl.constexpr, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+                     turn, QS, KS, VA, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base,
+                     va_base):
+        """Consumer warpgroup ``c`` of a warp-specialised kernel: its 64 query rows over every key
+        block. Exact (16-bit Q / K: scores times ``qk_scale``) or 8-bit (int8 Q / K: the int32 scores
+        times Q's row scales from ``QS`` and K's block scale from ``KS``), P·V in V's dtype, or in fp8
+        with V's channel max ``VA``."""
+        INT8: gl.constexpr = q_smem.dtype == gl.int8
         HEAD_D: gl.constexpr = q_smem.shape[2]
         STAGES: gl.constexpr = k_smem.shape[0]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         FP8: gl.constexpr = v_smem.dtype == gl.float8e4nv
         PK: gl.constexpr = 32 if FP8 else 16  # the P·V instruction's k
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 32])
+                                                           instr_shape=[16, BLOCK_N, 32 if INT8 else 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_D, PK])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
@@ -448,10 +383,11 @@ def _build():
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
         q = q_smem.index(c)
-        s_zero = gl.zeros([64, BLOCK_N], gl.int32, s_layout)
+        s_zero = gl.zeros([64, BLOCK_N], gl.int32 if INT8 else gl.float32, s_layout)
         o_zero = gl.zeros([64, HEAD_D], gl.float32, o_layout)
-        offs_m = row0 + c * 64 + gl.arange(0, 64, layout=row_s)
-        qsc = gl.load(QS + qs_base + offs_m, mask=offs_m < Lq, other=0.0)  # softmax scale, log2(e) folded in
+        if INT8:
+            offs_m = row0 + c * 64 + gl.arange(0, 64, layout=row_s)
+            qsc = gl.load(QS + qs_base + offs_m, mask=offs_m < Lq, other=0.0)  # softmax scale, log2(e) folded in
         m_i = gl.full([64], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([64], gl.float32, row_s)
         acc = gl.zeros([64, HEAD_D], gl.float32, o_layout)
@@ -463,8 +399,11 @@ def _build():
         _pass_turn(turn, c)
         s = warpgroup_mma_wait(0, deps=(tok,))
         mbarrier.arrive(k_empty.index(0))
-        p, alpha, m_i, l_i = _softmax(s.to(gl.float32) * gl.expand_dims(qsc * gl.load(KS + ks_base), 1), 0,
-                                      m_i, l_i, 1.0, Lk, BLOCK_N, s_layout)
+        if INT8:
+            p, alpha, m_i, l_i = _softmax(s.to(gl.float32) * gl.expand_dims(qsc * gl.load(KS + ks_base), 1), 0,
+                                          m_i, l_i, 1.0, Lk, BLOCK_N, s_layout)
+        else:
+            p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
         if FP8:
             p_op = gl.convert_layout((p * 448.0).to(gl.float8e4nv), p_layout)
         else:
@@ -484,8 +423,12 @@ def _build():
             _pass_turn(turn, c)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(st))
-            p, alpha, m_i, l_i = _softmax(s.to(gl.float32) * gl.expand_dims(qsc * gl.load(KS + ks_base + j), 1),
-                                          j, m_i, l_i, 1.0, Lk, BLOCK_N, s_layout)
+            if INT8:
+                p, alpha, m_i, l_i = _softmax(
+                    s.to(gl.float32) * gl.expand_dims(qsc * gl.load(KS + ks_base + j), 1), j, m_i, l_i, 1.0, Lk,
+                    BLOCK_N, s_layout)
+            else:
+                p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(pst))
             # blocks < j at block j-1's max; then rescaled to block j's
@@ -522,16 +465,16 @@ def _build():
         gl.store(ptrs, acc.to(O.dtype.element_ty), mask=gl.expand_dims(rows < Lq, 1))
 
     @gluon.jit
-    def _ws8_consumer0(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                       Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base):
-        _ws_consumer8(0, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                      Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base)
+    def _ws_consumer0(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
+                      qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base):
+        _ws_consumer(0, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
+                     qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base)
 
     @gluon.jit
-    def _ws8_consumer1(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                       Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base):
-        _ws_consumer8(1, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                      Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base)
+    def _ws_consumer1(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
+                      qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base):
+        _ws_consumer(1, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
+                     qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base)
 
     @gluon.jit
     def attn_fwd_hopper_ws8(QD, KD, VD, O, QS, KS, VA, Lq, Lk, H, KV_GROUP,
@@ -549,15 +492,15 @@ def _build():
         o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
         row0 = mb * BLOCK_M
         cons = (O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                Lq, Lk, n_blocks, o_base, row0, stride_ol, bh * Lq, bhk * n_blocks, bhk * HEAD_D)
+                1.0, Lq, Lk, n_blocks, o_base, row0, stride_ol, bh * Lq, bhk * n_blocks, bhk * HEAD_D)
         prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
                 b * q_rb + h * q_rh + row0, 0, b * k_rb + hk * k_rh, 0, n_blocks,
                 b * v_rb + hk * v_rh, hk * v_ch)
         if NUM_C == 2:
-            gl.warp_specialize([(_ws8_consumer0, cons), (_ws8_consumer1, cons), (_ws_producer, prod)],
+            gl.warp_specialize([(_ws_consumer0, cons), (_ws_consumer1, cons), (_ws_producer, prod)],
                                [4, 1], [REGS_C, REGS_P])
         else:
-            gl.warp_specialize([(_ws8_consumer0, cons), (_ws_producer, prod)], [1], [REGS_P])
+            gl.warp_specialize([(_ws_consumer0, cons), (_ws_producer, prod)], [1], [REGS_P])
 
     return attn_fwd_hopper, attn_fwd_hopper_ws, attn_fwd_hopper_ws8
 

@@ -161,23 +161,35 @@ def test_cuda_auto_times_the_gluon_kernel(poison, monkeypatch):
 
 
 def _fake_gluon_gpu(monkeypatch, tmp_path, times, broken=()):
-    """A fake sm90 (tests/test_attention.py's _FakeGPU) whose Gluon launches are recorded, not run:
-    each variant times ``times[variant]`` ms; those in ``broken`` raise as a failed compile would."""
+    """A fake sm90 (tests/test_attention.py's _FakeGPU) whose Gluon launches, exact and 8-bit, are
+    recorded, not run: each variant times ``times[variant]`` ms (the Triton kernel's by its PV_MODE in
+    8-bit mode, as TMA_OFF in exact mode); those in ``broken`` raise as a failed compile would."""
     from test_attention import _FakeGPU
     gpu = _FakeGPU(monkeypatch, tmp_path, 90, {})
     calls = []
     form = {False: A.GLUON, True: A.GLUON_WS, "pp": A.GLUON_PP}
 
-    def fake_launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_fn, warmup=False, ws=False):
-        if form[ws] in broken:
+    def record(cfg, variant, warmup):
+        if variant in broken:
             raise RuntimeError("fake compile failure")
-        calls.append((tuple(cfg), form[ws], warmup))
+        calls.append((tuple(cfg), variant, warmup))
+
+    def fake_launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_fn, warmup=False, ws=False):
+        record(cfg, form[ws], warmup)
+
+    def fake_launch8(qi, qs, ki, ks, v_view, vamax, o, so, B, H, Hk, Lq, Lk, D, cfg, launch_fn, warmup=False,
+                     pp=False):
+        record(cfg, A.G8_FP8 if isinstance(v_view, torch.Tensor) else A.G8_HALF, warmup)
 
     def bench(device, fn):
         n = len(calls)
         fn()
-        return times[calls[-1][1] if len(calls) > n else A.TMA_OFF]
+        if len(calls) > n:
+            return times[calls[-1][1]]
+        kw = gpu.log[-1][1]
+        return times[kw["PV_MODE"] if kw["INT8"] else A.TMA_OFF]
     monkeypatch.setattr(AH, "launch", fake_launch)
+    monkeypatch.setattr(AH, "launch8", fake_launch8)
     monkeypatch.setattr(AH, "gluon_available", lambda: True)
     monkeypatch.setattr(A, "tensor_descriptors_available", lambda: True)
     monkeypatch.setattr(gpu.T, "time_ms", bench)
@@ -219,37 +231,11 @@ def test_masked_causal_or_padded_calls_never_reach_gluon(monkeypatch, tmp_path):
     assert calls == [] and gpu.log
 
 
-def _fake_gluon8_gpu(monkeypatch, tmp_path, times):
-    """A fake sm90 for the 8-bit path: the Triton kernel's launches recorded by _FakeGPU, the Gluon
-    one's here; each variant times ``times[variant]`` ms."""
-    from test_attention import _FakeGPU
-    gpu = _FakeGPU(monkeypatch, tmp_path, 90, {})
-    calls = []
-
-    def fake_launch8(qi, qs, ki, ks, v_view, vamax, o, so, B, H, Hk, Lq, Lk, D, cfg, launch_fn, warmup=False,
-                     pp=False):
-        calls.append((tuple(cfg), A.G8_FP8 if isinstance(v_view, torch.Tensor) else A.G8_HALF, warmup))
-
-    def bench(device, fn):
-        n, m = len(calls), len(gpu.log)
-        fn()
-        if len(calls) > n:
-            return times[calls[-1][1]]
-        return times[gpu.log[-1][1]["PV_MODE"]]
-    monkeypatch.setattr(AH, "launch8", fake_launch8)
-    monkeypatch.setattr(AH, "gluon_available", lambda: True)
-    monkeypatch.setattr(A, "tensor_descriptors_available", lambda: True)
-    monkeypatch.setattr(gpu.T, "time_ms", bench)
-    g = torch.Generator().manual_seed(0)
-    qkv = [torch.randn(1, 2, 256, 128, generator=g).to(torch.bfloat16) for _ in range(3)]
-    return gpu, calls, qkv
-
-
 @pytest.mark.parametrize("fastest", [0, 1, A.G8_HALF])
 def test_8bit_auto_times_the_gluon_kernel_beside_the_triton_one(fastest, monkeypatch, tmp_path):
     times = {0: 1.0, 1: 1.0, A.G8_HALF: 1.0, A.G8_FP8: 0.5}
     times[fastest] = 0.8
-    gpu, calls, (q, k, v) = _fake_gluon8_gpu(monkeypatch, tmp_path, times)
+    gpu, calls, (q, k, v) = _fake_gluon_gpu(monkeypatch, tmp_path, times)
     A._launch(q, k, v, None, 2, True, True, None, True, False)
     timed = {c[1] for c in calls if not c[2]} | {e[1]["PV_MODE"] for e in gpu.log if e[0] == "launch"}
     assert timed == {0, 1, A.G8_HALF}  # fp8 P·V in the Gluon kernel only when asked for
@@ -260,7 +246,7 @@ def test_8bit_auto_times_the_gluon_kernel_beside_the_triton_one(fastest, monkeyp
 def test_8bit_gluon_fp8_pv_only_when_asked_for_and_weighted_like_triton_fp8(monkeypatch, tmp_path):
     # fp8 P·V must time FP8_PV_MARGIN faster to be taken, in either kernel
     times = {1: 1.0, A.G8_FP8: 1.0 / (A.FP8_PV_MARGIN * 0.99)}
-    gpu, calls, (q, k, v) = _fake_gluon8_gpu(monkeypatch, tmp_path, times)
+    gpu, calls, (q, k, v) = _fake_gluon_gpu(monkeypatch, tmp_path, times)
     A._launch(q, k, v, None, 2, True, True, None, True, False, pv="fp8")
     assert {c[1] for c in calls} == {A.G8_FP8}
     (pick,) = A.tune_cache().values()
