@@ -980,7 +980,7 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
         if attention_hopper.eligible(cc, q.dtype, D, kind != 0, causal) and not int64:
             # the Gluon 8-bit kernel beside the Triton one: with 16-bit P·V (V read through TMA:
             # only where V folds into a 2-D view) wherever 16-bit P·V is allowed; with fp8 P·V only
-            # when asked for (pv="fp8"): it timed 8-20 % below its 16-bit P·V at every shape on an
+            # when asked for (pv="fp8"): it timed 3-20 % below its 16-bit P·V at every shape on an
             # H200 (the P operand's fp8 layout costs a register shuffle; BENCHMARKS.md, 2026-11-26)
             v_view = _tma_view2d(v4, B, Hk, Lk, D, bhld) if align8 else None
             if 0 in pv_modes and v_view is not None:

@@ -79,7 +79,7 @@ CANDIDATES_WS = {
 
 # The 8-bit kernel (always warp-specialised): 16-bit P·V with 128-key blocks; fp8 P·V (offered only
 # when asked for) with 128-key blocks too: 64-key blocks avoid its 220 bytes of spills at head 128
-# (the per-block fp8 sums are one more accumulator) but timed 13-30 % slower on an H200.
+# (the per-block fp8 sums are one more accumulator) but timed 12-18 % slower than them on an H200.
 CANDIDATES8 = {
     (128, True): [(128, 128, 4, 2)],
     (64, True): [(128, 128, 4, 2)],
