@@ -880,7 +880,7 @@ def _table(int8: bool, variant: int, q_tma: bool = True):
     does the opt-in warp specialisation: its buffers need more shared memory (263 KB at
     (128, 128, 8, 3), head 128, over the H200's 227 KB)."""
     if int8:
-        return (True, "int8-fp8pv", "int8-f16acc", None, None)[variant]
+        return (True, "int8-fp8pv", "int8-f16acc")[variant]
     return "exact-tma" if variant == TMA_ON and q_tma else False
 
 

@@ -16,8 +16,7 @@ FlashAttention-3 builds by hand can be written out. Three forms, each a variant 
   (``warpgroup_mma_wait(1)``) and computes block j's softmax while the P·V still runs; then it
   waits for the P·V and rescales the accumulator. P stays in registers as the MMA's A operand; Q
   is loaded once and read by every Q·Kᵀ from shared memory. Its 4-warp, 64-row configs take
-  74-82 KB of shared memory, so two CTAs share an SM. (With 8 warps, two warpgroups share the
-  ring and a CTA-wide barrier precedes each refill: a warpgroup's wait covers only its own MMAs.)
+  74-82 KB of shared memory, so two CTAs share an SM.
 * ``attn_fwd_hopper_ws`` (GLUON_WS): warp-specialised (``gl.warp_specialize``). A producer warp
   issues every TMA load, waiting on "empty" mbarriers that the consumers arrive on once their MMA
   has read a slot; BLOCK_M / 64 consumer warpgroups (two at BLOCK_M 128, one Q tile each) run the
@@ -135,7 +134,6 @@ WS8_PRODUCER_REGS = 24
 def _build():
     """The Gluon kernel, defined on first use: importing Gluon costs nothing elsewhere, and a Triton
     without it never reaches here (:func:`eligible`)."""
-    cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed in Triton 3.7
 
     @gluon.jit
     def _load(desc, row, col, bars, smem, stage, pred):
@@ -167,7 +165,7 @@ def _build():
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        SYNC: gl.constexpr = num_warps > 4  # two warpgroups share the ring
+        gl.static_assert(num_warps == 4, "one warpgroup: its MMA waits cover the whole CTA before a refill")
 
         n_m = gl.cdiv(Lq, BLOCK_M)
         pid = gl.program_id(0)
@@ -210,8 +208,6 @@ def _build():
         mbarrier.wait(k_bars.index(0), 0)
         tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(tok,))
-        if SYNC:
-            cta_barrier()
         _load(KD, k_row + K_STAGES * BLOCK_N, k_col, k_bars, k_smem, 0, K_STAGES < n_blocks)
         p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -225,13 +221,9 @@ def _build():
             mbarrier.wait(v_bars.index(vs), ((j - 1) // V_STAGES) & 1)
             o_tok = warpgroup_mma(p_op, v_smem.index(vs), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))  # block j's scores; block j-1's P·V runs on
-            if SYNC:
-                cta_barrier()
             _load(KD, k_row + (j + K_STAGES) * BLOCK_N, k_col, k_bars, k_smem, ks, j + K_STAGES < n_blocks)
             p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
-            if SYNC:
-                cta_barrier()
             _load(VD, k_row + (j - 1 + V_STAGES) * BLOCK_N, k_col, v_bars, v_smem, vs,
                   j - 1 + V_STAGES < n_blocks)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
