@@ -29,9 +29,9 @@ GRID = {128: [(64, 128, 4, (1, 1)), (64, 128, 4, (1, 2))],
 GRID_WS = {128: [(128, 128, 4, 2), (128, 64, 4, 2)],
            64: [(128, 128, 4, 3), (128, 128, 4, 2), (128, 64, 4, 3)]}
 
-GRID8 = {(128, True): [(128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 4, 2)],
+GRID8 = {(128, True): [(128, 128, 4, 2), (128, 128, 4, 3)],
          (128, False): [(128, 128, 4, 2), (128, 64, 4, 3)],
-         (64, True): [(128, 128, 4, 2), (128, 128, 4, 3)],
+         (64, True): [(128, 128, 4, 2), (128, 128, 4, 3), (128, 128, 4, 4)],
          (64, False): [(128, 128, 4, 3)]}
 
 
@@ -75,8 +75,8 @@ def main():
                     meths[f"tri8{tag}{cfg}"] = (lambda cfg=cfg, pv=pv: A.attention(
                         q, k, v, layout="bhld", mode="int8", config=cfg + (pv,), out=o))
                 for cfg in GRID8[(D, bool(pv))]:
-                    meths[f"g8{tag}{cfg}"] = (lambda cfg=cfg, var=var: A.attention(
-                        q, k, v, layout="bhld", mode="int8", config=cfg + (var,), out=o))
+                    meths[f"g8{tag}{cfg}"] = (lambda cfg=cfg, var=var, tag=tag: A.attention(
+                        q, k, v, layout="bhld", mode="int8", config=cfg + (var,), out=o, pv=tag))
         if a.only:
             meths = {n: f for n, f in meths.items() if n in ("cudnn", "fa2") or n.startswith(tuple(a.only.split(",")))}
         ok = {}

@@ -359,7 +359,7 @@ def quant_qkv_kernel(Q, K, V, KSum, VAmax, QO, QS, KO, KS, VO,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_LQ: tl.constexpr,
                      BLOCK_LK: tl.constexpr, BLOCK_LV: tl.constexpr, FP8_V: tl.constexpr, INT64: tl.constexpr,
                      ALIGN8_Q: tl.constexpr = False, ALIGN8_K: tl.constexpr = False,
-                     ALIGN8_V: tl.constexpr = False):
+                     ALIGN8_V: tl.constexpr = False, PERM_V: tl.constexpr = False):
     """The 8-bit mode's operands in one launch, from (B, H, L, D)-strided Q, K, V into contiguous,
     zero-padded buffers:
 
@@ -371,7 +371,9 @@ def quant_qkv_kernel(Q, K, V, KSum, VAmax, QO, QS, KO, KS, VO,
     * the rest, with FP8_V: V · 448 / max|v| per channel (VAmax, from kv_stats_kernel; no mean
       subtracted: smoothing V by its mean measured worse at long sequences, cos 0.99895 vs 0.99927
       at L=32760) to fp8 e4m3, transposed into VO (B, HK, BLOCK_D, L_pad), L_pad = Lk rounded up to
-      128 (keys contiguous: the K-major operand the fp8 MMA needs).
+      128 (keys contiguous: the K-major operand the fp8 MMA needs). With PERM_V the keys are
+      stored relabelled within each 32, in the order the Gluon kernel's fp8 P operand reads them
+      (kernels/attention_hopper.py, ``_p_fp8``).
 
     ALIGN8_*: as in attn_fwd_kernel (16-byte rows, vector loads at head sizes 40 / 80)."""
     if ALIGN8_Q:
@@ -391,7 +393,7 @@ def quant_qkv_kernel(Q, K, V, KSum, VAmax, QO, QS, KO, KS, VO,
                       HEAD_DIM, BLOCK_D, BLOCK_LK, INT64)
     elif FP8_V:
         _quant_v_part(V, VAmax, VO, pid - NQ - NK, Lk, HK, stride_vb, stride_vh, stride_vl,
-                      HEAD_DIM, BLOCK_D, BLOCK_LV, INT64)
+                      HEAD_DIM, BLOCK_D, BLOCK_LV, INT64, PERM_V)
 
 
 @triton.jit
@@ -430,7 +432,8 @@ def _quant_k_part(K, KSum, KO, KS, pid, Lk, HK, k_mean_mult, stride_kb, stride_k
 
 @triton.jit
 def _quant_v_part(V, VAmax, VO, pid, Lk, HK, stride_vb, stride_vh, stride_vl,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr,
+                  PERM_V: tl.constexpr):
     l_pad = tl.cdiv(Lk, 128) * 128
     blk, b, h = _block_batch_head(pid, tl.cdiv(l_pad, BLOCK_L), HK)
     rows = blk * BLOCK_L + tl.arange(0, BLOCK_L)
@@ -441,6 +444,8 @@ def _quant_v_part(V, VAmax, VO, pid, Lk, HK, stride_vb, stride_vh, stride_vl,
                 mask=ok, other=0.0).to(tl.float32)
     inv = 448.0 / tl.maximum(tl.load(VAmax + (b * HK + h) * BLOCK_D + offs_d), 1e-30)
     y = tl.minimum(tl.maximum(x * inv[None, :], -448.0), 448.0)
+    if PERM_V:  # key r to column π⁻¹(r): bits 0,1,2,3,4 of r to 0,2,3,1,4 (π: attention_hopper._p_fp8)
+        rows_o = (rows_o & ~15) | (rows_o & 1) | ((rows_o >> 2) & 2) | ((rows_o << 1) & 12)
     tl.store(VO + ((b * HK + h) * BLOCK_D + offs_d[None, :]) * l_pad + rows_o[:, None], y.to(tl.float8e4nv))
 
 
@@ -686,10 +691,12 @@ def _align8(x, D, strides) -> bool:
     return D % 8 == 0 and all(st % 8 == 0 for st in strides) and x.data_ptr() % 16 == 0
 
 
-def _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d, q_mult, block_n, fp8_v, warmup=False):
+def _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d, q_mult, block_n, fp8_v, warmup=False,
+                  perm_v=False):
     """The 8-bit operands of one call, in two launches (kv_stats_kernel, quant_qkv_kernel):
     (int8 Q, its row scales, int8 K, its block scales, fp8 Vᵀ or None, V's per-channel max |v|).
-    With ``warmup`` the kernels are only compiled."""
+    With ``warmup`` the kernels are only compiled; with ``perm_v`` Vᵀ's keys are in the Gluon fp8
+    kernel's order."""
     dev = q4.device
     n = B * Hk * block_d
     stats = torch.zeros(3 * n, dtype=torch.int32, device=dev)  # one memset for both statistics
@@ -718,7 +725,8 @@ def _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d, q_mult, 
         q4, k4, v4, ksum, vamax, qi, qs, ki, ks, vf if fp8_v else qi,
         Lq, Lk, H, Hk, nq, nk, float(q_mult), 1.0 / (KSUM_ONE.value * Lk), *sq, *sk, *sv,
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_LQ=block_q, BLOCK_LK=block_n, BLOCK_LV=block_v, FP8_V=fp8_v,
-        INT64=int64, ALIGN8_Q=al_q, ALIGN8_K=al_k, ALIGN8_V=al_v, num_warps=4, warmup=warmup)
+        INT64=int64, ALIGN8_Q=al_q, ALIGN8_K=al_k, ALIGN8_V=al_v, PERM_V=bool(perm_v), num_warps=4,
+        warmup=warmup)
     return qi, qs, ki, ks, vf, vamax
 
 
@@ -978,14 +986,13 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
     if int8:
         variants = pv_modes
         if attention_hopper.eligible(cc, q.dtype, D, kind != 0, causal) and not int64:
-            # the Gluon 8-bit kernel beside the Triton one: with 16-bit P·V (V read through TMA:
-            # only where V folds into a 2-D view) wherever 16-bit P·V is allowed; with fp8 P·V only
-            # when asked for (pv="fp8"): it timed 3-20 % below its 16-bit P·V at every shape on an
-            # H200 (the P operand's fp8 layout costs a register shuffle; BENCHMARKS.md, 2026-11-26)
+            # the Gluon 8-bit kernel beside the Triton one, with each P·V the call allows: 16-bit
+            # (V read through TMA: only where V folds into a 2-D view) and fp8 (the pre-pass's Vᵀ
+            # copy), fp8 weighted by FP8_PV_MARGIN as the Triton kernel's
             v_view = _tma_view2d(v4, B, Hk, Lk, D, bhld) if align8 else None
             if 0 in pv_modes and v_view is not None:
                 variants += (G8_HALF,)
-            if pv == "fp8":
+            if 1 in pv_modes:
                 variants += (G8_FP8,)
     else:
         gluon = attention_hopper.eligible(cc, q.dtype, D, kind != 0, causal)
@@ -1005,7 +1012,7 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
         if int8 and variant in (G8_HALF, G8_FP8):
             fp8 = variant == G8_FP8
             qa, qs_, ka, ks_, vf, vamax = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
-                                                        sm_scale * LOG2E, bn, fp8, warmup)
+                                                        sm_scale * LOG2E, bn, fp8, warmup, perm_v=fp8)
             attention_hopper.launch8(qa, qs_, ka, ks_, vf if fp8 else v_view, vamax, o_out, so, B, H, Hk, Lq, Lk,
                                      D, c[:4], launch_kernel, warmup)
             return
@@ -1320,11 +1327,11 @@ def _prep_specs(ty, fp8_v, archs):
     sig.update({"q_mult": "fp32", "k_mean_mult": "fp32"})
     sig.update({f"stride_{t}{d}": "i32" for t in "qkv" for d in "bhl"})
     for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_LQ", "BLOCK_LK", "BLOCK_LV", "FP8_V", "INT64", "ALIGN8_Q", "ALIGN8_K",
-              "ALIGN8_V"):
+              "ALIGN8_V", "PERM_V"):
         sig[n] = "constexpr"
     quant = (quant_qkv_kernel, sig, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_LQ": 64, "BLOCK_LK": 64, "BLOCK_LV": 64,
                                      "FP8_V": fp8_v, "INT64": fp8_v, "ALIGN8_Q": True, "ALIGN8_K": not fp8_v,
-                                     "ALIGN8_V": fp8_v}, opts)
+                                     "ALIGN8_V": fp8_v, "PERM_V": fp8_v}, opts)
     return [stats, quant]
 
 

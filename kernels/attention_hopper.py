@@ -142,13 +142,20 @@ def _build():
         tma.async_copy_global_to_shared(desc, [row, col], bar, smem.index(stage), pred=pred)
 
     @gluon.jit
-    def _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    def _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
+                 P_LOG2: gl.constexpr = 0.0, ROW_SCALE: gl.constexpr = False):
+        """Block j's online softmax: P = 2^(s·qk_scale - m) · 2^P_LOG2 (a factor the fp8 P·V wants,
+        for free in the exponent; the row sums ``l_i`` carry it too), the rescale factor ``alpha`` of the
+        blocks before, the new row max and sums. ``qk_scale``: a scalar, or with ROW_SCALE one a row."""
         if (j + 1) * BLOCK_N > Lk:  # the last key block, past L_kv: those scores -inf
             offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             s = gl.where(gl.expand_dims(offs_n < Lk, 0), s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        if ROW_SCALE:  # one scale a row (8-bit), folded into the FMA below
+            p = gl.exp2(s * gl.expand_dims(qk_scale, 1) - gl.expand_dims(m_new - P_LOG2, 1))
+        else:
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new - P_LOG2, 1))
         l_i = l_i * alpha + gl.sum(p, 1)
         return p, alpha, m_new, l_i
 
@@ -353,6 +360,36 @@ def _build():
     # (P × 448 against the transposed, per-channel-scaled fp8 V) or in the input dtype
 
     @gluon.jit
+    def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr):
+        """P in ``dtype`` as the P·V MMA's A operand (registers). In fp8 (P × 448 already, from the
+        softmax) without moving data between threads: the fp8 operand layout gives a thread keys
+        4t..4t+3 and 16+4t..16+4t+3 of each 32 (t = lane % 4), the scores' accumulator layout 2t,
+        2t+1, 8+2t, 9+2t, 16+2t, ..., so P's keys are relabelled within each 32, operand key k taking
+        P's key π(k) (k's bits 0,1,2,3,4 from bits 0,3,1,2,4): a reshape and a permute that only
+        rename, after which the conversion is trivial (asserted). The pre-pass stores Vᵀ's keys in
+        the same order (kernels/attention.py, PERM_V). A plain conversion costs a register shuffle
+        between threads there (96 SHFL and 639 PRMT in the SASS, and 216 bytes of spills)."""
+        if dtype == gl.float8e4nv:
+            M: gl.constexpr = p.shape[0]
+            N: gl.constexpr = p.shape[1]
+            x = gl.reshape(p.to(dtype), [M, N // 32, 2, 2, 2, 2, 2])
+            x = gl.reshape(gl.permute(x, (0, 1, 2, 4, 5, 3, 6)), [M, N])
+            op = gl.convert_layout(x, p_layout, assert_trivial=True)
+        else:
+            op = gl.convert_layout(p.to(dtype), p_layout)
+        return op
+
+    @gluon.jit
+    def _v_operand(v_smem, i):
+        """V's tile ``i`` as the P·V MMA's B operand (keys × channels): the fp8 Vᵀ tile (channels ×
+        keys) transposed, K-major as the fp8 MMA needs it."""
+        if v_smem.dtype == gl.float8e4nv:
+            v = v_smem.index(i).permute((1, 0))
+        else:
+            v = v_smem.index(i)
+        return v
+
+    @gluon.jit
     def _ws_consumer(c: gl.constexpr, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
                      turn, QS, KS, VA, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base,
                      va_base):
@@ -366,6 +403,7 @@ def _build():
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         FP8: gl.constexpr = v_smem.dtype == gl.float8e4nv
         PK: gl.constexpr = 32 if FP8 else 16  # the P·V instruction's k
+        P_LOG2: gl.constexpr = 8.807354922057604 if FP8 else 0.0  # fp8 P is P × 448 = 2^8.807...
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 32 if INT8 else 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -376,10 +414,10 @@ def _build():
         col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
         q = q_smem.index(c)
         s_zero = gl.zeros([64, BLOCK_N], gl.int32 if INT8 else gl.float32, s_layout)
-        o_zero = gl.zeros([64, HEAD_D], gl.float32, o_layout)
         if INT8:
             offs_m = row0 + c * 64 + gl.arange(0, 64, layout=row_s)
-            qsc = gl.load(QS + qs_base + offs_m, mask=offs_m < Lq, other=0.0)  # softmax scale, log2(e) folded in
+            # softmax scale, log2(e) folded in; 1 past L_q (a masked score times 0 would be NaN)
+            qsc = gl.load(QS + qs_base + offs_m, mask=offs_m < Lq, other=1.0)
         m_i = gl.full([64], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([64], gl.float32, row_s)
         acc = gl.zeros([64, HEAD_D], gl.float32, o_layout)
@@ -392,14 +430,11 @@ def _build():
         s = warpgroup_mma_wait(0, deps=(tok,))
         mbarrier.arrive(k_empty.index(0))
         if INT8:
-            p, alpha, m_i, l_i = _softmax(s.to(gl.float32) * gl.expand_dims(qsc * gl.load(KS + ks_base), 1), 0,
-                                          m_i, l_i, 1.0, Lk, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax(s.to(gl.float32), 0, m_i, l_i, qsc * gl.load(KS + ks_base), Lk, BLOCK_N,
+                                          s_layout, P_LOG2, True)
         else:
             p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
-        if FP8:
-            p_op = gl.convert_layout((p * 448.0).to(gl.float8e4nv), p_layout)
-        else:
-            p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+        p_op = _p_operand(p, v_smem.dtype, p_layout)
         for j in range(1, n_blocks):
             st = j % STAGES
             pst = (j - 1) % STAGES
@@ -407,49 +442,32 @@ def _build():
             mbarrier.wait(v_full.index(pst), ((j - 1) // STAGES) & 1)
             _my_turn(turn, c, j)
             s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            if FP8:  # one key block's products summed by the MMA, the blocks in fp32 registers
-                o_tok = warpgroup_mma(p_op, v_smem.index(pst).permute((1, 0)), o_zero, use_acc=False,
-                                      is_async=True)
-            else:
-                o_tok = warpgroup_mma(p_op, v_smem.index(pst), acc, is_async=True)
+            o_tok = warpgroup_mma(p_op, _v_operand(v_smem, pst), acc, is_async=True)
             _pass_turn(turn, c)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(st))
             if INT8:
-                p, alpha, m_i, l_i = _softmax(
-                    s.to(gl.float32) * gl.expand_dims(qsc * gl.load(KS + ks_base + j), 1), j, m_i, l_i, 1.0, Lk,
-                    BLOCK_N, s_layout)
+                p, alpha, m_i, l_i = _softmax(s.to(gl.float32), j, m_i, l_i, qsc * gl.load(KS + ks_base + j), Lk,
+                                              BLOCK_N, s_layout, P_LOG2, True)
             else:
                 p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(pst))
             # blocks < j at block j-1's max; then rescaled to block j's
-            if FP8:
-                acc = acc + pv
-            else:
-                acc = pv
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            if FP8:
-                p_op = gl.convert_layout((p * 448.0).to(gl.float8e4nv), p_layout)
-            else:
-                p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+            acc = pv * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_op = _p_operand(p, v_smem.dtype, p_layout)
         lst = (n_blocks - 1) % STAGES
         mbarrier.wait(v_full.index(lst), ((n_blocks - 1) // STAGES) & 1)
         _my_turn(turn, c, n_blocks)
-        if FP8:
-            o_tok = warpgroup_mma(p_op, v_smem.index(lst).permute((1, 0)), o_zero, use_acc=False, is_async=True)
-        else:
-            o_tok = warpgroup_mma(p_op, v_smem.index(lst), acc, is_async=True)
+        o_tok = warpgroup_mma(p_op, _v_operand(v_smem, lst), acc, is_async=True)
         _pass_turn(turn, c)
         pv = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(lst))
+        acc = pv
         if FP8:
-            acc = acc + pv
             offs_d = gl.arange(0, HEAD_D, layout=col_o)
-            vs = gl.load(VA + va_base + offs_d) * (1.0 / (448.0 * 448.0))
+            vs = gl.load(VA + va_base + offs_d) * (1.0 / 448.0)  # V's scale; P's 448 is in l_i too
             acc = acc * gl.expand_dims(vs, 0)
-        else:
-            acc = pv
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
         rows = row0 + c * 64 + gl.arange(0, 64, layout=row_o)
         offs_d = gl.arange(0, HEAD_D, layout=col_o)
