@@ -176,6 +176,9 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # fp8 P·V takes P × 448 (e4m3's range): the factor comes free in the exponent, and the row sums
+    # l_i carry it too
+    P_LOG2: tl.constexpr = 8.807354922057604 if PV_MODE == 1 else 0.0
 
     if IS_CAUSAL:
         hi = tl.minimum(Lk, (start_m + 1) * BLOCK_M)
@@ -240,11 +243,11 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                 m_ij = tl.maximum(m_i, tl.max(s, 1))
                 # a row that has seen only masked keys so far keeps m = -inf: subtract 0 instead
                 m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
-                p = tl.math.exp2(s - m_safe[:, None])
+                p = tl.math.exp2(s - (m_safe - P_LOG2)[:, None])
                 alpha = tl.math.exp2(m_i - m_safe)
             else:
                 m_ij = tl.maximum(m_i, tl.max(qk, 1) * c)
-                p = tl.math.exp2(qk * c2 - m_ij[:, None])
+                p = tl.math.exp2(qk * c2 - (m_ij - P_LOG2)[:, None])
                 alpha = tl.math.exp2(m_i - m_ij)
             l_i = l_i * alpha + tl.sum(p, 1)
             if PV_MODE == 1:
@@ -254,7 +257,7 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                 # two-level accumulation: one key block's products summed by the MMA (whose fp8
                 # accumulator keeps fewer mantissa bits than fp32), then added in fp32 registers;
                 # accumulating every block in the MMA lost accuracy with L (cos 0.9989 at L=32760)
-                pv = tl.dot((p * 448.0).to(tl.float8e4nv), tl.trans(vt))
+                pv = tl.dot(p.to(tl.float8e4nv), tl.trans(vt))
                 acc = acc * alpha[:, None] + pv
             else:
                 v_ptrs = V_base + cols_o[:, None] * stride_vl + offs_d[None, :]
@@ -279,8 +282,8 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
             m_i = m_ij
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if PV_MODE == 1:
-        # P carried a factor 448, V a factor 448 / max|v| per channel
-        vs = tl.load(VS_base + offs_d) * (1.0 / (448.0 * 448.0))
+        # V carried a factor 448 / max|v| per channel (P's 448 is in l_i too)
+        vs = tl.load(VS_base + offs_d) * (1.0 / 448.0)
         out = acc * (vs[None, :] / l_safe[:, None])
     else:
         out = acc / l_safe[:, None]
