@@ -414,6 +414,7 @@ def _build():
         col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
         q = q_smem.index(c)
         s_zero = gl.zeros([64, BLOCK_N], gl.int32 if INT8 else gl.float32, s_layout)
+        o_zero = gl.zeros([64, HEAD_D], gl.float32, o_layout)
         if INT8:
             offs_m = row0 + c * 64 + gl.arange(0, 64, layout=row_s)
             # softmax scale, log2(e) folded in; 1 past L_q (a masked score times 0 would be NaN)
@@ -442,7 +443,11 @@ def _build():
             mbarrier.wait(v_full.index(pst), ((j - 1) // STAGES) & 1)
             _my_turn(turn, c, j)
             s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            o_tok = warpgroup_mma(p_op, _v_operand(v_smem, pst), acc, is_async=True)
+            # fp8: one key block's products summed by the MMA, the blocks in fp32 registers (the fp8
+            # MMA's accumulator keeps fewer mantissa bits: summing every block in it failed the
+            # accuracy goal at 32760 keys with outlier channels)
+            o_tok = warpgroup_mma(p_op, _v_operand(v_smem, pst), o_zero if FP8 else acc, use_acc=not FP8,
+                                  is_async=True)
             _pass_turn(turn, c)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(st))
@@ -454,20 +459,24 @@ def _build():
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(pst))
             # blocks < j at block j-1's max; then rescaled to block j's
+            if FP8:
+                pv = acc + pv
             acc = pv * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = _p_operand(p, v_smem.dtype, p_layout)
         lst = (n_blocks - 1) % STAGES
         mbarrier.wait(v_full.index(lst), ((n_blocks - 1) // STAGES) & 1)
         _my_turn(turn, c, n_blocks)
-        o_tok = warpgroup_mma(p_op, _v_operand(v_smem, lst), acc, is_async=True)
+        o_tok = warpgroup_mma(p_op, _v_operand(v_smem, lst), o_zero if FP8 else acc, use_acc=not FP8,
+                              is_async=True)
         _pass_turn(turn, c)
         pv = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(lst))
-        acc = pv
         if FP8:
             offs_d = gl.arange(0, HEAD_D, layout=col_o)
             vs = gl.load(VA + va_base + offs_d) * (1.0 / 448.0)  # V's scale; P's 448 is in l_i too
-            acc = acc * gl.expand_dims(vs, 0)
+            acc = (acc + pv) * gl.expand_dims(vs, 0)
+        else:
+            acc = pv
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
         rows = row0 + c * 64 + gl.arange(0, 64, layout=row_o)
         offs_d = gl.arange(0, HEAD_D, layout=col_o)

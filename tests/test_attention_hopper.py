@@ -69,7 +69,10 @@ def test_every_8bit_candidate_compiles_for_sm90(head, fp8_pv):
         assert "wgmma.wait_group.sync.aligned 1;" in ptx and "cp.async.bulk.tensor" in ptx, (head, cfg)
         assert k.metadata.shared <= A._SMEM["sm90"], (head, cfg, k.metadata.shared)
         spills = spill_bytes(k, 90)
-        assert spills in (None, 0), (head, cfg, spills)
+        # fp8 P·V at head 128 holds one more accumulator (each key block summed by the MMA, the blocks
+        # in fp32 registers): 236 bytes spill with Triton 3.6; it timed faster than 64-key blocks that
+        # don't (H200, BENCHMARKS.md, 2026-11-26)
+        assert spills in (None, 0) or (fp8_pv and head == 128 and spills <= 512), (head, cfg, spills)
         if fp8_pv:  # P relabelled, not shuffled between threads (_p_operand)
             assert k.asm["ptx"].count("shfl.sync") == _compile8(torch.bfloat16, head, cfg, False).asm["ptx"].count(
                 "shfl.sync"), (head, cfg)
