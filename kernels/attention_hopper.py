@@ -143,21 +143,29 @@ def _build():
 
     @gluon.jit
     def _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
-                 P_LOG2: gl.constexpr = 0.0, ROW_SCALE: gl.constexpr = False):
-        """Block j's online softmax: P = 2^(s·qk_scale - m) · 2^P_LOG2 (a factor the fp8 P·V wants,
-        for free in the exponent; the row sums ``l_i`` carry it too), the rescale factor ``alpha`` of the
-        blocks before, the new row max and sums. ``qk_scale``: a scalar, or with ROW_SCALE one a row."""
+                 P_LOG2: gl.constexpr = 0.0, ROW_SCALE: gl.constexpr = False, S_OFF: gl.constexpr = 0.0):
+        """Block j's online softmax: P = 2^((s - S_OFF)·qk_scale - m) · 2^P_LOG2 (a factor the fp8 P·V
+        wants, for free in the exponent; the row sums ``l_i`` carry it too), the rescale factor
+        ``alpha`` of the blocks before, the new row max and sums. ``qk_scale``: a scalar, or with
+        ROW_SCALE one a row. S_OFF: an offset the scores carry (_int_scores), taken out per row."""
         if (j + 1) * BLOCK_N > Lk:  # the last key block, past L_kv: those scores -inf
             offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             s = gl.where(gl.expand_dims(offs_n < Lk, 0), s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_new = gl.maximum(m_i, (gl.max(s, 1) - S_OFF) * qk_scale)
         alpha = gl.exp2(m_i - m_new)
         if ROW_SCALE:  # one scale a row (8-bit), folded into the FMA below
-            p = gl.exp2(s * gl.expand_dims(qk_scale, 1) - gl.expand_dims(m_new - P_LOG2, 1))
+            p = gl.exp2(s * gl.expand_dims(qk_scale, 1) - gl.expand_dims(m_new + S_OFF * qk_scale - P_LOG2, 1))
         else:
             p = gl.exp2(s * qk_scale - gl.expand_dims(m_new - P_LOG2, 1))
         l_i = l_i * alpha + gl.sum(p, 1)
         return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _int_scores(s):
+        """int32 scores (|s| < 2^22: int8 Q·K over up to 256 channels) as fp32 s + 1.5·2^23, exactly:
+        one integer add and the bits read as a float, instead of the I2F conversion. The offset
+        (INT_OFF) is taken out per row in the softmax's FMA."""
+        return (s + 0x4B400000).to(gl.float32, bitcast=True)
 
     @gluon.jit
     def attn_fwd_hopper(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP,
@@ -404,6 +412,7 @@ def _build():
         FP8: gl.constexpr = v_smem.dtype == gl.float8e4nv
         PK: gl.constexpr = 32 if FP8 else 16  # the P·V instruction's k
         P_LOG2: gl.constexpr = 8.807354922057604 if FP8 else 0.0  # fp8 P is P × 448 = 2^8.807...
+        INT_OFF: gl.constexpr = 12582912.0  # _int_scores' offset, 1.5·2^23
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 32 if INT8 else 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -431,8 +440,8 @@ def _build():
         s = warpgroup_mma_wait(0, deps=(tok,))
         mbarrier.arrive(k_empty.index(0))
         if INT8:
-            p, alpha, m_i, l_i = _softmax(s.to(gl.float32), 0, m_i, l_i, qsc * gl.load(KS + ks_base), Lk, BLOCK_N,
-                                          s_layout, P_LOG2, True)
+            p, alpha, m_i, l_i = _softmax(_int_scores(s), 0, m_i, l_i, qsc * gl.load(KS + ks_base), Lk, BLOCK_N,
+                                          s_layout, P_LOG2, True, INT_OFF)
         else:
             p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
         p_op = _p_operand(p, v_smem.dtype, p_layout)
@@ -452,8 +461,8 @@ def _build():
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(st))
             if INT8:
-                p, alpha, m_i, l_i = _softmax(s.to(gl.float32), j, m_i, l_i, qsc * gl.load(KS + ks_base + j), Lk,
-                                              BLOCK_N, s_layout, P_LOG2, True)
+                p, alpha, m_i, l_i = _softmax(_int_scores(s), j, m_i, l_i, qsc * gl.load(KS + ks_base + j), Lk,
+                                              BLOCK_N, s_layout, P_LOG2, True, INT_OFF)
             else:
                 p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
