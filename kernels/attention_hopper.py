@@ -30,8 +30,11 @@ FlashAttention-3 builds by hand can be written out. Three forms, each a variant 
   kernels/attention.py's 8-bit pre-pass: int8 Q·K on the tensor cores (s32 accumulation, rescaled by
   Q's row and K's block scales), P·V in the input dtype or in fp8 e4m3 (P × 448 against the
   transposed, per-channel-scaled fp8 V copy, each key block summed by the MMA and the blocks in fp32
-  registers) — the Triton 8-bit kernel's arithmetic, so the same accuracy. fp8 P·V is offered only
-  when asked for: its P operand's fp8 layout costs a register shuffle, and it timed below 16-bit P·V.
+  registers) — the Triton 8-bit kernel's arithmetic, so the same accuracy. The softmax is this
+  kernel's limit, not the MMAs, so its per-score work is cut to an integer add, a max, one FMA, the
+  exponential and a sum: the int32 scores become floats by an add (``_int_scores``), the row's scale
+  goes into the FMA and fp8's × 448 into the exponent. P reaches the fp8 MMA with its keys relabelled
+  instead of shuffled between threads (``_p_operand``; the pre-pass stores Vᵀ in the same order).
 
 One program is one BLOCK_M-row tile of one (batch, head).
 
@@ -76,9 +79,9 @@ CANDIDATES_WS = {
 }
 
 
-# The 8-bit kernel (always warp-specialised): 16-bit P·V with 128-key blocks; fp8 P·V (offered only
-# when asked for) with 128-key blocks too: 64-key blocks avoid its 220 bytes of spills at head 128
-# (the per-block fp8 sums are one more accumulator) but timed 12-18 % slower than them on an H200.
+# The 8-bit kernel (always warp-specialised): 16-bit P·V with 128-key blocks; fp8 P·V with 128-key
+# blocks too: 64-key blocks avoid its 236 bytes of spills at head 128 (the per-block fp8 sums are one
+# more accumulator) but timed 12-18 % slower than them on an H200.
 CANDIDATES8 = {
     (128, True): [(128, 128, 4, 2)],
     (64, True): [(128, 128, 4, 2)],
