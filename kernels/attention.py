@@ -989,13 +989,15 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
     if int8:
         variants = pv_modes
         if attention_hopper.eligible(cc, q.dtype, D, kind != 0, causal) and not int64:
-            # the Gluon 8-bit kernel beside the Triton one, with each P·V the call allows: 16-bit
-            # (V read through TMA: only where V folds into a 2-D view) and fp8 (the pre-pass's Vᵀ
-            # copy), fp8 weighted by FP8_PV_MARGIN as the Triton kernel's
+            # the Gluon 8-bit kernel beside the Triton one: with 16-bit P·V (V read through TMA:
+            # only where V folds into a 2-D view) wherever 16-bit P·V is allowed; with fp8 P·V only
+            # when asked for (pv="fp8"): on an H100 it timed 1-16 % below its 16-bit P·V at every
+            # shape but WAN's, where the two were within 2 % (BENCHMARKS.md, 2026-11-26, twenty-fourth
+            # session), so in `auto` it would cost a compile in the cold first step and never be taken
             v_view = _tma_view2d(v4, B, Hk, Lk, D, bhld) if align8 else None
             if 0 in pv_modes and v_view is not None:
                 variants += (G8_HALF,)
-            if 1 in pv_modes:
+            if pv == "fp8":
                 variants += (G8_FP8,)
     else:
         gluon = attention_hopper.eligible(cc, q.dtype, D, kind != 0, causal)
