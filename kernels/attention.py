@@ -376,7 +376,7 @@ def quant_qkv_kernel(Q, K, V, KSum, VAmax, QO, QS, KO, KS, VO,
       at L=32760) to fp8 e4m3, transposed into VO (B, HK, BLOCK_D, L_pad), L_pad = Lk rounded up to
       128 (keys contiguous: the K-major operand the fp8 MMA needs). With PERM_V the keys are
       stored relabelled within each 32, in the order the Gluon kernel's fp8 P operand reads them
-      (kernels/attention_hopper.py, ``_p_fp8``).
+      (kernels/attention_hopper.py, ``_p_operand``).
 
     ALIGN8_*: as in attn_fwd_kernel (16-byte rows, vector loads at head sizes 40 / 80)."""
     if ALIGN8_Q:
@@ -447,7 +447,7 @@ def _quant_v_part(V, VAmax, VO, pid, Lk, HK, stride_vb, stride_vh, stride_vl,
                 mask=ok, other=0.0).to(tl.float32)
     inv = 448.0 / tl.maximum(tl.load(VAmax + (b * HK + h) * BLOCK_D + offs_d), 1e-30)
     y = tl.minimum(tl.maximum(x * inv[None, :], -448.0), 448.0)
-    if PERM_V:  # key r to column π⁻¹(r): bits 0,1,2,3,4 of r to 0,2,3,1,4 (π: attention_hopper._p_fp8)
+    if PERM_V:  # key r to column π⁻¹(r): bits 0,1,2,3,4 of r to 0,2,3,1,4 (π: attention_hopper._p_operand)
         rows_o = (rows_o & ~15) | (rows_o & 1) | ((rows_o >> 2) & 2) | ((rows_o << 1) & 12)
     tl.store(VO + ((b * HK + h) * BLOCK_D + offs_d[None, :]) * l_pad + rows_o[:, None], y.to(tl.float8e4nv))
 
