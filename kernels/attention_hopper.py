@@ -347,6 +347,16 @@ def _build():
                 k_full, v_full, k_empty, v_empty, turn)
 
     @gluon.jit
+    def _ws_run(cons, prod, NUM_C: gl.constexpr, REGS_C: gl.constexpr, REGS_P: gl.constexpr):
+        """The warp-specialised kernels' partitions: NUM_C consumer warpgroups (the first is the default
+        partition) on ``cons``, the producer warp on ``prod``, with their setmaxnreg requests."""
+        if NUM_C == 2:
+            gl.warp_specialize([(_ws_consumer0, cons), (_ws_consumer1, cons), (_ws_producer, prod)],
+                               [4, 1], [REGS_C, REGS_P])
+        else:
+            gl.warp_specialize([(_ws_consumer0, cons), (_ws_producer, prod)], [1], [REGS_P])
+
+    @gluon.jit
     def attn_fwd_hopper_ws(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP,
                            q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, stride_ob, stride_oh, stride_ol,
                            HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -363,11 +373,7 @@ def _build():
         prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
                 b * q_rb + h * q_rh + row0, h * q_ch, b * k_rb + hk * k_rh, hk * k_ch, n_blocks,
                 b * k_rb + hk * k_rh, hk * k_ch)
-        if NUM_C == 2:
-            gl.warp_specialize([(_ws_consumer0, cons), (_ws_consumer1, cons), (_ws_producer, prod)],
-                               [4, 1], [REGS_C, REGS_P])
-        else:
-            gl.warp_specialize([(_ws_consumer0, cons), (_ws_producer, prod)], [1], [REGS_P])
+        _ws_run(cons, prod, NUM_C, REGS_C, REGS_P)
 
     # ---- 8-bit, warp-specialised: int8 Q·K (the pre-pass's smoothed, scaled copies), P·V in fp8 e4m3
     # (P × 448 against the transposed, per-channel-scaled fp8 V) or in the input dtype
@@ -529,11 +535,7 @@ def _build():
         prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
                 b * q_rb + h * q_rh + row0, 0, b * k_rb + hk * k_rh, 0, n_blocks,
                 b * v_rb + hk * v_rh, hk * v_ch)
-        if NUM_C == 2:
-            gl.warp_specialize([(_ws_consumer0, cons), (_ws_consumer1, cons), (_ws_producer, prod)],
-                               [4, 1], [REGS_C, REGS_P])
-        else:
-            gl.warp_specialize([(_ws_consumer0, cons), (_ws_producer, prod)], [1], [REGS_P])
+        _ws_run(cons, prod, NUM_C, REGS_C, REGS_P)
 
     return attn_fwd_hopper, attn_fwd_hopper_ws, attn_fwd_hopper_ws8
 
