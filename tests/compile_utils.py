@@ -18,15 +18,21 @@ def compile_for(kernel, signature: dict, constexprs: dict, cc: int, num_warps: i
 def spill_bytes(compiled, cc: int):
     """Bytes of registers spilled a thread (stores) when ptxas assembles ``compiled``'s PTX for
     ``cc``, as ``ptxas -v`` reports them (a compiled kernel's own figures need a GPU); None when
-    Triton has no ptxas of its own here."""
+    Triton has no ptxas here. The ptxas is the one Triton compiled with (``TRITON_PTXAS_PATH`` where
+    set, as the pack sets it to torch's, installer/ptxas.py): the PTX's ``.version`` follows that
+    ptxas, which an older bundled one refuses."""
     import os
     import re
     import subprocess
     import tempfile
 
     import triton
-    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                       "ptxas-blackwell" if cc >= 100 else "ptxas")
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        exe = get_ptxas(cc).path
+    except Exception:  # noqa: BLE001 - a Triton without the resolver: its bundled ptxas
+        exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                           "ptxas-blackwell" if cc >= 100 else "ptxas")
     if not os.path.exists(exe):
         exe = exe.replace("ptxas-blackwell", "ptxas")
         if not os.path.exists(exe):
