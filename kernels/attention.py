@@ -694,6 +694,14 @@ def _align8(x, D, strides) -> bool:
     return D % 8 == 0 and all(st % 8 == 0 for st in strides) and x.data_ptr() % 16 == 0
 
 
+# The 8-bit pre-pass's launch shape: kv_stats_kernel's rows a program (CHUNK) and a tile (BLOCK_L),
+# quant_qkv_kernel's Q / fp8-V rows a program, and each kernel's warps. 128 Q rows and 8 warps a
+# quantising program, 128 rows a statistics program: the fastest or within the spread of it at
+# every shape of bench/attention_prepass.py on an H100 (2026-11-26: 0.79 -> 0.85x a copy of the
+# same bytes at HunyuanVideo, 0.85 -> 0.90x at WAN, 0.69 -> 0.71x at Flux; BENCHMARKS.md)
+PREPASS = {"chunk": 128, "block_l": 32, "stats_warps": 4, "block_q": 128, "block_v": 64, "quant_warps": 8}
+
+
 def _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d, q_mult, block_n, fp8_v, warmup=False,
                   perm_v=False):
     """The 8-bit operands of one call, in two launches (kv_stats_kernel, quant_qkv_kernel):
@@ -708,19 +716,20 @@ def _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d, q_mult, 
     int64 = max(Lq * max(sq[2], 1), Lk * max(sk[2], 1), Lk * max(sv[2], 1),
                 max(Lq, l_pad) * block_d) >= INT64_THRESHOLD
     al_q, al_k, al_v = _align8(q4, D, sq), _align8(k4, D, sk), fp8_v and _align8(v4, D, sv)
-    chunk = 256
+    pre = PREPASS
+    chunk = pre["chunk"]
     launch_kernel(
         kernel_for(kv_stats_kernel, dev.type), (cdiv(Lk, chunk) * B * Hk,),
         k4, v4, ksum, vamax, Lk, Hk, *sk, *sv,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=32, CHUNK=chunk, AMAX_V=fp8_v, INT64=int64,
-        ALIGN8_K=al_k, ALIGN8_V=al_v, num_warps=4, warmup=warmup)
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=pre["block_l"], CHUNK=chunk, AMAX_V=fp8_v, INT64=int64,
+        ALIGN8_K=al_k, ALIGN8_V=al_v, num_warps=pre["stats_warps"], warmup=warmup)
     qi = torch.empty((B, H, Lq, block_d), dtype=torch.int8, device=dev)
     qs = torch.empty((B, H, Lq), dtype=torch.float32, device=dev)
     ki = torch.empty((B, Hk, Lk, block_d), dtype=torch.int8, device=dev)
     nkb = cdiv(Lk, block_n)
     ks = torch.empty((B, Hk, nkb), dtype=torch.float32, device=dev)
     vf = torch.empty((B, Hk, block_d, l_pad), dtype=torch.float8_e4m3fn, device=dev) if fp8_v else None
-    block_q = block_v = 64
+    block_q, block_v = pre["block_q"], pre["block_v"]
     nq, nk = cdiv(Lq, block_q) * B * H, nkb * B * Hk
     nv = cdiv(l_pad, block_v) * B * Hk if fp8_v else 0
     launch_kernel(
@@ -728,7 +737,7 @@ def _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d, q_mult, 
         q4, k4, v4, ksum, vamax, qi, qs, ki, ks, vf if fp8_v else qi,
         Lq, Lk, H, Hk, nq, nk, float(q_mult), 1.0 / (KSUM_ONE.value * Lk), *sq, *sk, *sv,
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_LQ=block_q, BLOCK_LK=block_n, BLOCK_LV=block_v, FP8_V=fp8_v,
-        INT64=int64, ALIGN8_Q=al_q, ALIGN8_K=al_k, ALIGN8_V=al_v, PERM_V=bool(perm_v), num_warps=4,
+        INT64=int64, ALIGN8_Q=al_q, ALIGN8_K=al_k, ALIGN8_V=al_v, PERM_V=bool(perm_v), num_warps=pre["quant_warps"],
         warmup=warmup)
     return qi, qs, ki, ks, vf, vamax
 
