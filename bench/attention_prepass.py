@@ -28,12 +28,12 @@ DEFAULT = dict(A.PREPASS)
 # overrides of the default; the first is the default itself, the reference of the output check
 GRID = [
     {},
-    {"chunk": 256, "block_q": 64, "quant_warps": 4},  # the default until 2026-11-26
+    {"chunk": 256, "block_q": 64, "block_v": 64, "quant_warps": 4},  # the default until 2026-11-26
     {"chunk": 256},
     {"quant_warps": 4},
     {"block_q": 64},
     {"block_q": 32, "quant_warps": 4},
-    {"block_v": 128},
+    {"block_v": 64},
     {"chunk": 512, "block_l": 64, "stats_warps": 8},
     {"block_l": 64, "stats_warps": 8},
 ]

@@ -695,11 +695,11 @@ def _align8(x, D, strides) -> bool:
 
 
 # The 8-bit pre-pass's launch shape: kv_stats_kernel's rows a program (CHUNK) and a tile (BLOCK_L),
-# quant_qkv_kernel's Q / fp8-V rows a program, and each kernel's warps. 128 Q rows and 8 warps a
-# quantising program, 128 rows a statistics program: the fastest or within the spread of it at
-# every shape of bench/attention_prepass.py on an H100 (2026-11-26: 0.79 -> 0.85x a copy of the
-# same bytes at HunyuanVideo, 0.85 -> 0.90x at WAN, 0.69 -> 0.71x at Flux; BENCHMARKS.md)
-PREPASS = {"chunk": 128, "block_l": 32, "stats_warps": 4, "block_q": 128, "block_v": 64, "quant_warps": 8}
+# quant_qkv_kernel's Q / fp8-V rows a program, and each kernel's warps. 128 Q rows, 128 fp8-V keys
+# and 8 warps a quantising program, 128 rows a statistics program: the fastest or within the spread
+# of it at every shape of bench/attention_prepass.py in two runs on an H100 (2026-11-26: 0.79-0.80
+# -> 0.85x a copy of the same bytes at HunyuanVideo, 0.85 -> 0.90x at WAN, 16-bit V; BENCHMARKS.md)
+PREPASS = {"chunk": 128, "block_l": 32, "stats_warps": 4, "block_q": 128, "block_v": 128, "quant_warps": 8}
 
 
 def _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d, q_mult, block_n, fp8_v, warmup=False,
