@@ -66,8 +66,39 @@ class Serialized:
 
 
 @functools.lru_cache(maxsize=None)
+def interpreter_index_shim() -> bool:
+    """Makes the interpreter's tensors usable as Python ints (``range(lo, hi)`` over loop bounds,
+    ``int(...)``) with NumPy 2.4+. Before Triton 3.8 the interpreter converts a tensor's one-element
+    array with ``int()``, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to
+    Python scalars"): every kernel with a loop bound computed in the kernel failed on CPU with
+    torch 2.11's Triton 3.6 (the H100 machine, 2026-11-26). Triton 3.8 squeezes the array first;
+    this does the same for the versions before it. Whether it is installed; never raises."""
+    try:
+        from triton.runtime import interpreter as ti
+        orig = ti._patch_lang_tensor
+    except Exception:  # noqa: BLE001 - an interpreter without this hook: left as it is
+        return False
+    if getattr(orig, "_tritonkit_index", False):
+        return True
+
+    def _index(self):
+        data = self.handle.data
+        return int(data.reshape(-1)[0]) if getattr(data, "size", 0) == 1 else int(data)
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", _index)
+
+    patched._tritonkit_index = True
+    ti._patch_lang_tensor = patched
+    return True
+
+
+@functools.lru_cache(maxsize=None)
 def _interpreted(jit_fn):
     from triton.runtime.interpreter import InterpretedFunction
+
+    interpreter_index_shim()
 
     # ``jit_fn`` may be an Autotuner/Heuristics wrapper: unwrap to the JITFunction.
     fn = jit_fn
@@ -80,6 +111,8 @@ def kernel_for(jit_fn, device_type: str):
     """The launchable object for ``jit_fn`` on tensors of ``device_type``."""
     if device_type == "cpu" and not interpreter_active() and not triton_cpu_backend_available():
         return _interpreted(jit_fn)
+    if interpreter_active():  # TRITON_INTERPRET=1: Triton interprets every launch itself
+        interpreter_index_shim()
     return jit_fn
 
 

@@ -39,3 +39,45 @@ def test_interpreted_launches_from_several_threads_are_serialized():
     results, errors = run_in_threads(one)
     assert not errors, errors
     assert results == [True] * 4
+
+
+def test_interpreter_index_shim_takes_one_element_arrays(monkeypatch):
+    """Triton < 3.8's interpreter converts a tensor to an int with ``int(array)``, which NumPy 2.4
+    refuses for a one-element array of one dimension (every kernel with an in-kernel loop bound failed
+    on CPU with Triton 3.6): after the shim the conversion takes such an array, and the scope's
+    restore removes what it set."""
+    import operator
+
+    import numpy as np
+    import pytest
+    ti = pytest.importorskip("triton.runtime.interpreter")
+    if not hasattr(ti, "_patch_lang_tensor") or not hasattr(ti, "_LangPatchScope"):
+        pytest.skip("this Triton's interpreter has no _patch_lang_tensor hook")
+    from tritonkit.kernels import runtime as R
+
+    def before_38(tensor, scope):  # what Triton 3.6 sets
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+    monkeypatch.setattr(ti, "_patch_lang_tensor", before_38)
+    R.interpreter_index_shim.cache_clear()
+    try:
+        assert R.interpreter_index_shim()
+        assert R.interpreter_index_shim()  # once
+
+        class Handle:
+            def __init__(self, data):
+                self.data = data
+
+        class Tensor:
+            def __init__(self, data):
+                self.handle = Handle(data)
+
+        scope = ti._LangPatchScope()
+        ti._patch_lang_tensor(Tensor, scope)
+        for data, want in ((np.array([7], dtype=np.int32), 7), (np.array(5, dtype=np.int64), 5),
+                           (np.array([[3]], dtype=np.int32), 3)):
+            assert operator.index(Tensor(data)) == want
+            assert list(range(Tensor(data))) == list(range(want))
+        scope.restore()
+        assert not hasattr(Tensor, "__index__")
+    finally:
+        R.interpreter_index_shim.cache_clear()
