@@ -109,10 +109,11 @@ def _interpreted(jit_fn):
 
 def kernel_for(jit_fn, device_type: str):
     """The launchable object for ``jit_fn`` on tensors of ``device_type``."""
-    if device_type == "cpu" and not interpreter_active() and not triton_cpu_backend_available():
-        return _interpreted(jit_fn)
-    if interpreter_active():  # TRITON_INTERPRET=1: Triton interprets every launch itself
-        interpreter_index_shim()
+    if device_type == "cpu":
+        if interpreter_active():  # TRITON_INTERPRET=1: Triton interprets every launch itself
+            interpreter_index_shim()
+        elif not triton_cpu_backend_available():
+            return _interpreted(jit_fn)
     return jit_fn
 
 
