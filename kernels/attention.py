@@ -42,6 +42,7 @@ traceable, and Inductor has nothing to fuse into an attention kernel anyway).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 
@@ -49,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import attention_hopper, calibration, trials, tuning
+from . import attention_hopper, calibration, prepare, trials, tuning
 from .device import capability
 from .runtime import INTERPRETER_LOCK, cdiv, eager_plain, kernel_for, next_pow2
 from .runtime import launch as launch_kernel
@@ -1130,6 +1131,67 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
         return _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg, pv=pv, arch=arch)
 
 
+def _sdpa_interim(q, k, v, mask, heads, bhld, out_bhld, scale, causal):
+    """The same call through torch's SDPA (what ComfyUI's attention runs), in the kernels' layouts and
+    mask conventions (a fully masked row gives 0): a compiled graph's calls while their kernels compile."""
+    if bhld:
+        qh, kh, vh = q, k, v
+    else:
+        B, Lq, HD = q.shape
+        D = HD // heads
+        qh = q.reshape(B, Lq, heads, D).transpose(1, 2)
+        kh = k.reshape(B, k.shape[1], -1, D).transpose(1, 2)
+        vh = v.reshape(B, v.shape[1], -1, D).transpose(1, 2)
+    if kh.shape[1] != qh.shape[1]:  # GQA
+        r = qh.shape[1] // kh.shape[1]
+        kh, vh = kh.repeat_interleave(r, dim=1), vh.repeat_interleave(r, dim=1)
+    m = mask
+    if m is not None:
+        while m.ndim < 4:
+            m = m.unsqueeze(0)
+        if m.dtype != torch.bool:
+            m = m.to(qh.dtype)
+        if causal:
+            keep = torch.ones(qh.shape[2], kh.shape[2], dtype=torch.bool, device=q.device).tril()
+            m = (m & keep) if m.dtype == torch.bool else m.masked_fill(~keep, float("-inf"))
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=m, is_causal=causal and m is None,
+                                                           scale=scale)
+    if m is not None:
+        out = out.nan_to_num(0.0)
+    if out_bhld:
+        return out
+    return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)
+
+
+def _gated(q) -> bool:
+    """Whether a custom-op call checks that its kernels are compiled first (CUDA, deferring calibration,
+    not inside a CUDA graph capture)."""
+    return q.device.type == "cuda" and calibration.deferring() and not torch.cuda.is_current_stream_capturing()
+
+
+def _op_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+             heads: int, bhld: bool, out_bhld: bool, scale: float | None, int8: bool,
+             causal: bool, block_m: int, block_n: int, num_warps: int, num_stages: int,
+             pv: str = "auto", arch: int = 0) -> torch.Tensor:
+    """The custom op: what a compiled graph runs. Where this call's kernels are not compiled yet
+    (Triton's cache was empty when the graph was compiled with a stored choice), they compile in the
+    background and the calls run torch's SDPA meanwhile (kernels/prepare.ready), as an eager call
+    runs ComfyUI's attention while a stored choice's kernels compile; the key holds every shape and
+    stride, which the kernels are specialised on."""
+    args = (q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, block_m, block_n, num_warps, num_stages,
+            pv, arch)
+    if _gated(q):
+        key = ("attention", str(q.device), q.dtype, tuple(q.shape), q.stride(), tuple(k.shape), k.stride(),
+               tuple(v.shape), v.stride(), None if mask is None else (mask.dtype, tuple(mask.shape), mask.stride()),
+               heads, bhld, out_bhld, int8, causal, block_m, block_n, num_warps, num_stages, pv, arch)
+        if not prepare.ready(key, lambda: _attention_impl(*args)):
+            calibration.log_once("op-interim", "TritonKit attention: a compiled graph runs attention kernels that "
+                                 "are not compiled yet; they compile in the background and those calls run "
+                                 "torch's SDPA until they are ready", level=logging.INFO)
+            return _sdpa_interim(q, k, v, mask, heads, bhld, out_bhld, scale, causal)
+    return _attention_impl(*args)
+
+
 def _attention_fake(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, block_m, block_n, num_warps,
                     num_stages, pv="auto", arch=0):
     if bhld:
@@ -1142,10 +1204,10 @@ def _attention_fake(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, b
 
 
 try:
-    _attention_op = torch.library.custom_op("tritonkit::attention", mutates_args=())(_attention_impl)
+    _attention_op = torch.library.custom_op("tritonkit::attention", mutates_args=())(_op_impl)
     _attention_op.register_fake(_attention_fake)
 except Exception:  # noqa: BLE001 - e.g. a torch that refuses a second registration (pack imported twice)
-    _attention_op = _attention_impl
+    _attention_op = _op_impl
 
 
 def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bld", out_layout: str | None = None,

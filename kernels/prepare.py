@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from . import compile_pool, runtime
 
@@ -179,3 +179,42 @@ def prepare(fns: dict) -> Prepared:
     with _pool_lock:
         _in_flight.extend(futures)
     return Prepared(futures, failed, compiled)
+
+
+# ----------------------------------------------------------------------------- a compiled graph's calls
+# Under torch.compile the pack's custom ops run with real tensors, outside the calibration that readies
+# an eager call's kernels (kernels/calibration.py: _stored). A Triton Compile Model's first step, with the
+# calibration stored and Triton's cache empty, compiled the 8-bit attention's kernels in the model's
+# thread as the fresh graphs first ran them: 4.6 s of HunyuanVideo's 15.2 s compile step on an H100
+# (2026-11-26). :func:`ready` lets such a call run another path while they compile in the background.
+SETTLE_S = 0.05  # kernels that Triton's cache holds load within this (as kernels/calibration.WARM_WAIT_S)
+_READY: dict = {}  # call key -> Prepared while its kernels compile, True once they are ready
+_ready_lock = threading.Lock()
+
+
+def ready(key, fn: Callable[[], object]) -> bool:
+    """Whether the kernels that ``fn()`` launches are compiled. The first call of ``key`` prepares them
+    (:func:`prepare`); where Triton's cache holds them they load within SETTLE_S and the answer is
+    True; else they compile in the background, and this call and the later ones of ``key`` get False
+    (the caller runs another path) until they are done. A preparing run that raised, or a Triton
+    without asynchronous compiles: True (the launch compiles, or raises, as it would have)."""
+    st = _READY.get(key)
+    if st is True:
+        return True
+    with _ready_lock:
+        st = _READY.get(key)
+        if st is True:
+            return True
+        if st is None:
+            if not available():
+                _READY[key] = True
+                return True
+            st = prepare({"call": fn})
+            if not st.failed and not st.settle(SETTLE_S):
+                _READY[key] = st
+                return False
+        elif not st.done():
+            return False
+        st.wait()  # every kernel in its JIT cache before this thread launches it
+        _READY[key] = True
+        return True

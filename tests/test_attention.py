@@ -590,6 +590,61 @@ def test_cuda_compiled_model_keeps_the_op():
     torch.testing.assert_close(comp, eager, rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+def test_cuda_compiled_call_runs_sdpa_while_its_kernels_compile(tmp_path, monkeypatch):
+    """A compiled graph's call whose kernels are in no cache (a fresh Triton cache folder, a head size
+    no other test compiles) returns SDPA's result while they compile in the background, then the
+    kernel's; they are prepared once, from the calling thread."""
+    import threading
+    import time
+
+    import sys
+    monkeypatch.delenv("TRITONKIT_CALIBRATION_DEFER", raising=False)  # the GPU tests' conftest sets it to 0
+    if not A.calibration.deferring():
+        pytest.skip("this Triton has no asynchronous compiles: the launch compiles, as before")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    q, k, v = make_qkv(1, 3, 3, 777, 777, 72, torch.bfloat16, "bld", gen, "cuda")
+
+    def f(q, k, v):
+        return A.attention(q, k, v, 3, mode="int8", config=(64, 64, 4, 2))
+
+    ref = A.attention_reference(q, k, v, 3)
+    comp = torch.compile(f, fullgraph=True)
+    main = threading.get_ident()
+    prepared_in, keys = [], []
+    # pytest may import the pack twice (as tritonkit and under its folder's name); the op runs the
+    # implementation of the copy that registered it first: every copy's prepare module is watched
+    copies = {id(m.prepare): m.prepare for name, m in list(sys.modules.items())
+              if name.endswith("kernels.attention") and hasattr(m, "prepare")}
+    for prepare in copies.values():
+        def spy_prepare(fns, orig=prepare.prepare):
+            prepared_in.append(threading.get_ident())
+            return orig(fns)
+
+        def spy_ready(key, fn, orig=prepare.ready, mod=prepare):
+            keys.append((key, mod))
+            return orig(key, fn)
+        monkeypatch.setattr(prepare, "prepare", spy_prepare)
+        monkeypatch.setattr(prepare, "ready", spy_ready)
+    first = comp(q, k, v)
+    assert keys, (f"the compiled call did not ask prepare.ready (gated: {A._gated(q)}, "
+                  f"deferring: {A.calibration.deferring()})")
+    key, prepare = keys[0]
+    if prepare._READY[key] is True:  # a compile worker's own cache folder held them (an earlier run)
+        pytest.skip("the kernels were already in a compile worker's Triton cache")
+    check(first, ref, torch.bfloat16, "exact", "the interim SDPA")
+    deadline = time.monotonic() + 300
+    while prepare._READY[key] is not True and time.monotonic() < deadline:
+        comp(q, k, v)
+        time.sleep(0.05)
+    assert prepare._READY[key] is True, "the kernels did not compile in 300 s"
+    out = comp(q, k, v)
+    check(out, ref, torch.bfloat16, "int8", "the kernel")
+    assert not torch.equal(out, first)  # the 8-bit kernel's result now, not SDPA's
+    assert prepared_in == [main]  # prepared once, from the calling thread
+
+
 # ----------------------------------------------------------------------------- auto's variant choice
 # The launcher's choice between kernel variants on a GPU, here on CPU tensors: the arch is faked,
 # the kernels are recorders and tuning's timer a fake that answers per variant. What is checked is
@@ -717,3 +772,51 @@ def test_a_forced_older_arch_keeps_to_its_features(monkeypatch, tmp_path):
     gpu.new_process()
     A._launch(q, k, v, None, 2, True, True, None, True, False, arch=100)
     assert {t[2] for t in gpu.timed} == {0, 1} and gpu.log[-1][1]["PV_MODE"] == 1
+
+
+# ----------------------------------------------------------------------------- a compiled graph's interim path
+
+@pytest.mark.parametrize("layout,out_layout,group,mask_kind,mask_ndim,causal,scale", [
+    ("bld", "bld", 1, "none", 0, False, None),
+    ("bld", "bhld", 2, "bool", 2, False, 0.3),
+    ("bhld", "bld", 1, "float", 4, True, None),
+    ("bhld", "bhld", 4, "bool", -4, True, None),
+    ("bld", "bld", 2, "float", 1, False, None),
+])
+def test_sdpa_interim_matches_the_reference(layout, out_layout, group, mask_kind, mask_ndim, causal, scale):
+    """What a compiled graph's call runs while its kernels compile: torch's SDPA in the kernels'
+    layouts, GQA and mask conventions (a fully masked row gives 0), against float64."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    B, H, Lq, Lk, D = 2, 4, 24, 24 if causal else 40, 32
+    q, k, v = make_qkv(B, H, H // group, Lq, Lk, D, torch.float32, layout, gen)
+    mask = make_mask(mask_kind, mask_ndim, B, H, Lq, Lk, gen)
+    if mask is not None and mask.ndim >= 2:  # one row with every key masked
+        mask[..., 3, :] = False if mask.dtype == torch.bool else float("-inf")
+    out = A._sdpa_interim(q, k, v, mask, H, layout == "bhld", out_layout == "bhld", scale, causal)
+    ref = A.attention_reference(q, k, v, H, mask=mask, layout=layout, out_layout=out_layout, scale=scale,
+                                causal=causal)
+    assert out.shape == ref.shape
+    check(out, ref, torch.float32, "exact", f"{layout}->{out_layout} group {group} {mask_kind}{mask_ndim}")
+
+
+def test_compiled_graph_calls_run_sdpa_while_their_kernels_compile(monkeypatch):
+    """The custom op (what a compiled graph runs) asks kernels/prepare.ready for its call's kernels;
+    until they are ready it returns SDPA's result, then the kernel's. The key tells calls apart by
+    shape and stride (the kernels are specialised on them)."""
+    keys, state = [], {"ready": False}
+    monkeypatch.setattr(A, "_gated", lambda q: True)
+    monkeypatch.setattr(A.prepare, "ready", lambda key, fn: keys.append(key) or state["ready"])
+    monkeypatch.setattr(A, "_attention_impl", lambda *a: "kernel")
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 32, torch.float32, "bld", gen)
+    args = (None, 2, False, False, None, True, False, 0, 0, 0, 0, "auto", 0)
+    out = A._op_impl(q, k, v, *args)
+    check(out, A.attention_reference(q, k, v, 2), torch.float32, "exact")
+    state["ready"] = True
+    assert A._op_impl(q, k, v, *args) == "kernel"
+    A._op_impl(q, torch.cat([k, k], -1)[..., :k.shape[-1]], v, *args)  # the same values at other strides
+    assert keys[0] == keys[1], keys
+    assert keys[2] != keys[1] and keys[2][6] != keys[1][6], keys
+    monkeypatch.setattr(A, "_gated", lambda q: False)  # CPU, a CUDA graph capture, deferral off: straight on
+    state["ready"] = False
+    assert A._op_impl(q, k, v, *args) == "kernel" and len(keys) == 3

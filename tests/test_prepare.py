@@ -178,3 +178,43 @@ def test_gpu_a_preparing_run_compiles_and_launches_nothing():
     fp8.decode(x, torch.float16, scale=scale, out=out)  # a normal launch, on what the preparing run compiled
     torch.testing.assert_close(out, fp8.decode_reference(x, torch.float16, scale=scale), rtol=0, atol=0)
 
+
+
+def test_ready_prepares_a_key_once_and_answers_from_its_compiles(monkeypatch):
+    """kernels/prepare.ready: a first call prepares the key's kernels; ready at once where they load
+    within SETTLE_S, else False (another path runs) until their compiles are done, then True for good
+    (finalized first). A preparing run that raised, or no asynchronous compiles: True."""
+    made = []
+
+    class FakePrepared:
+        def __init__(self, futures, failed=None):
+            self.futures, self.failed, self.waited = futures, failed or {}, 0
+
+        def settle(self, timeout):
+            return self.done()
+
+        def done(self):
+            return all(f.done() for f in self.futures)
+
+        def wait(self):
+            self.waited += 1
+
+    pending = Future()
+
+    def fake_prepare(fns):
+        assert list(fns) == ["call"]
+        fns["call"]()
+        made.append(FakePrepared([pending]) if len(made) == 0 else FakePrepared([], {"call": ValueError("x")}))
+        return made[-1]
+    monkeypatch.setattr(P, "available", lambda: True)
+    monkeypatch.setattr(P, "prepare", fake_prepare)
+    monkeypatch.setattr(P, "_READY", {})
+    ran = []
+    assert P.ready("a", lambda: ran.append("a")) is False and ran == ["a"]
+    assert P.ready("a", lambda: ran.append("again")) is False and ran == ["a"] and len(made) == 1
+    pending.set_result(None)
+    assert P.ready("a", lambda: ran.append("again")) is True and made[0].waited == 1
+    assert P.ready("a", lambda: ran.append("again")) is True and made[0].waited == 1 and len(made) == 1
+    assert P.ready("b", lambda: ran.append("b")) is True and made[1].waited == 1  # it raised: the launch shows it
+    monkeypatch.setattr(P, "available", lambda: False)
+    assert P.ready("c", lambda: ran.append("c")) is True and ran == ["a", "b"]
