@@ -234,25 +234,50 @@ def _torch_dynamic(dynamic: str):
 
 
 POINTWISE_TUNE_ENV = "TRITONKIT_COMPILE_POINTWISE_TUNE"  # 1: Inductor's pointwise autotuning, as before
+REDUCTION_TUNE_ENV = "TRITONKIT_COMPILE_REDUCTION_TUNE"  # 1: Inductor's reduction autotuning, as before
 
 
-def _inductor_overrides() -> dict:
-    """Inductor settings this node sets beyond the mode's. Each pointwise kernel gets Inductor's one
-    default block config (``triton.autotune_pointwise`` off) instead of 2 (1-D) or 6 (2-D) configs
-    compiled and timed at the first call: on an H100 (2026-11-25, both nodes, native, two cold
-    processes each way) the block graphs held 51 instead of 72 Triton kernels for HunyuanVideo and
-    36 instead of 53-97 for Flux, compiled in 13.2-14.6 s instead of 15.3-17.4 (HunyuanVideo) and
-    11.9-12.4 s instead of 13.4-16.0 (Flux), and ran as fast (0.926-0.927 against 0.930 s/step;
-    0.151-0.153 against 0.155-0.158). ``TRITONKIT_COMPILE_POINTWISE_TUNE=1`` restores Inductor's
-    autotuning. The ``max-autotune`` mode tunes them anyway."""
-    if os.environ.get(POINTWISE_TUNE_ENV, "0").strip().lower() in ("1", "true", "yes", "on"):
-        return {}
-    return {"triton.autotune_pointwise": False}
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _can_filter_reductions() -> bool:
+    try:
+        from torch._inductor import config as ic
+        return isinstance(getattr(ic.test_configs, "force_filter_reduction_configs", None), bool)
+    except Exception:  # noqa: BLE001 - an Inductor without it tunes its reductions, as before
+        return False
+
+
+def _inductor_overrides(mode: str = "default") -> dict:
+    """Inductor settings this node sets beyond the mode's: one block config per kernel where
+    Inductor would otherwise compile several and time them at the first call.
+
+    * Pointwise kernels (``triton.autotune_pointwise`` off): Inductor's one default config
+      instead of 2 (1-D) or 6 (2-D). On an H100 (2026-11-25, both nodes, native, two cold
+      processes each way) the block graphs held 51 instead of 72 Triton kernels for HunyuanVideo
+      and 36 instead of 53-97 for Flux, compiled in 13.2-14.6 s instead of 15.3-17.4 (HunyuanVideo)
+      and 11.9-12.4 s instead of 13.4-16.0 (Flux), and ran as fast (0.926-0.927 against 0.930
+      s/step; 0.151-0.153 against 0.155-0.158). ``TRITONKIT_COMPILE_POINTWISE_TUNE=1`` restores it.
+    * Reductions without a layout hint (``ReductionHint.DEFAULT``, e.g. a layer norm over a
+      dynamic token count: 4 of HunyuanVideo's 22): Inductor compiles 6 configs of each, one after
+      another in one worker, the last kernels the compile waits for. Its own one-config choice
+      (``test_configs.force_filter_reduction_configs``, the rule its deterministic mode uses)
+      instead, where the installed Inductor has it. ``TRITONKIT_COMPILE_REDUCTION_TUNE=1``
+      restores the tuning.
+
+    The ``max-autotune`` modes tune both anyway (the reductions' filter is left off there)."""
+    out = {}
+    if not _env_on(POINTWISE_TUNE_ENV):
+        out["triton.autotune_pointwise"] = False
+    if mode == "default" and not _env_on(REDUCTION_TUNE_ENV) and _can_filter_reductions():
+        out["test_configs.force_filter_reduction_configs"] = True
+    return out
 
 
 def compiled_for(cls: type, opts: Options) -> Compiled:
     """The compiled forward of block class ``cls`` for ``opts`` (one per process)."""
-    overrides = _inductor_overrides()
+    overrides = _inductor_overrides(opts.mode)
     key = (cls, opts.mode, opts.dynamic, opts.cache_size_limit, tuple(sorted(overrides.items())))
     with _lock:
         c = _COMPILED.get(key)

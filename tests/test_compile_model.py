@@ -220,15 +220,22 @@ def test_compiles_once_per_block_class_and_reuses_it(env, flux, tmp_path, monkey
     assert "reused the compiled blocks" in node.STATS.summary()
 
 
-def test_pointwise_kernels_get_one_config_unless_asked(env, monkeypatch):
+def test_pointwise_and_reduction_kernels_get_one_config_unless_asked(env, monkeypatch):
     """Inductor's pointwise autotuning is off for the block graphs (fewer kernels to compile, as fast
-    on an H100), on again with TRITONKIT_COMPILE_POINTWISE_TUNE=1; the saved entries are kept apart."""
+    on an H100), on again with TRITONKIT_COMPILE_POINTWISE_TUNE=1; the reductions without a layout
+    hint get Inductor's one-config filter where it has one (TRITONKIT_COMPILE_REDUCTION_TUNE=1: off;
+    off too in the max-autotune mode); the saved entries are kept apart."""
     _, node, _ = env
     seen = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw["options"]) or fn)
     monkeypatch.setattr(node, "_COMPILED", {})
     monkeypatch.setattr(node.compile_aot, "enabled", lambda: True)
     monkeypatch.delenv(node.POINTWISE_TUNE_ENV, raising=False)
+    monkeypatch.delenv(node.REDUCTION_TUNE_ENV, raising=False)
+    red = "test_configs.force_filter_reduction_configs"
+    has_filter = node._can_filter_reductions()
+    from torch._inductor import config as ic
+    assert has_filter == hasattr(ic.test_configs, "force_filter_reduction_configs")
 
     class Block(torch.nn.Module):
         def forward(self, x):
@@ -236,12 +243,18 @@ def test_pointwise_kernels_get_one_config_unless_asked(env, monkeypatch):
     off = node.compiled_for(Block, node.Options())
     assert seen[-1]["triton.autotune_pointwise"] is False
     assert off.aot.torch_options["triton.autotune_pointwise"] is False
-    assert off.aot.opts_key == "default|auto|triton.autotune_pointwise=False"
+    assert (seen[-1].get(red) is True) == has_filter and (off.aot.torch_options.get(red) is True) == has_filter
+    assert off.aot.opts_key == "default|auto" + (f"|{red}=True" if has_filter else "") + \
+        "|triton.autotune_pointwise=False"  # the options sorted by name
     assert node.compiled_for(Block, node.Options()) is off  # one per class and options
     monkeypatch.setenv(node.POINTWISE_TUNE_ENV, "1")
+    monkeypatch.setenv(node.REDUCTION_TUNE_ENV, "1")
     on = node.compiled_for(Block, node.Options())
-    assert on is not off and "triton.autotune_pointwise" not in seen[-1]
-    assert on.aot.opts_key == "default|auto"  # what entries saved before this setting existed are keyed by
+    assert on is not off and "triton.autotune_pointwise" not in seen[-1] and red not in seen[-1]
+    assert on.aot.opts_key == "default|auto"  # what entries saved before these settings existed are keyed by
+    monkeypatch.delenv(node.REDUCTION_TUNE_ENV)
+    node.compiled_for(Block, node.Options(mode="max-autotune-no-cudagraphs"))
+    assert red not in seen[-1] and seen[-1]["max_autotune"] is True
 
 
 def test_static_shapes_and_the_cache_size_limit(env, flux):
