@@ -660,15 +660,19 @@ def make_wrappers(regions: list[Region], opts: Options):
             for block in installed:
                 vars(block).pop("forward", None)
 
-    def outer_sample(executor, *args, **kwargs):
-        device = _model_device(executor)
-        loaded = load_artifacts(device)
+    def prepare(device) -> bool:
+        """Points the ahead-of-time entries at this set-up's folder, and starts Inductor's compile
+        workers where a compile is coming. True when it started them."""
         folder = os.path.join(artifact_dir(), compile_aot.FOLDER_PREFIX + artifact_key(device))
         for c in comps.values():
             if c.aot is not None:
                 c.aot.folder = folder
-        if _needs_compile(comps.values()):
-            warm_compile_workers(device)
+        return _needs_compile(comps.values()) and warm_compile_workers(device)
+
+    def outer_sample(executor, *args, **kwargs):
+        device = _model_device(executor)
+        loaded = load_artifacts(device)
+        prepare(device)
         STATS.reset(comps.values())
         STATS.loaded = loaded
         plan["key"] = None
@@ -689,6 +693,7 @@ def make_wrappers(regions: list[Region], opts: Options):
                              logging.WARNING)
             log.info("TritonKit compile: %s", STATS.summary())
 
+    outer_sample.prepare = prepare
     return apply_model, outer_sample
 
 
@@ -696,12 +701,15 @@ WARM_ENV = "TRITONKIT_COMPILE_WARM"
 
 
 def warm_compile_workers(device: Optional[torch.device]) -> bool:
-    """Starts Inductor's compile worker processes now, at the start of sampling, where Inductor
-    itself starts them only when its backend is first called, after Dynamo has traced the first
-    block. The workers take seconds to import torch; until they answer, Inductor compiles each
-    kernel in this process, one after the other (4.0 s of an 18.3 s cold Flux compile on an H100,
-    2026-11-24). Started here, they are ready by the time the eager calibration step is over.
-    A no-op off CUDA, and where Inductor compiles in one process (``compile_threads`` 1, as on
+    """Starts Inductor's compile worker processes now (when the node runs, and again when
+    sampling starts), where Inductor itself starts them only when its backend is first called,
+    after Dynamo has traced the first block. The workers take seconds to import torch; until they
+    answer, Inductor compiles each kernel in this process, one after the other (4.0 s of an 18.3 s
+    cold Flux compile on an H100, 2026-11-24). Started at sampling, they were ready by the end of
+    the eager calibration step; where the calibration is stored the first step compiles at once,
+    and 3 to 15 of HunyuanVideo's kernels still compiled here (0.7-3.2 s, H100, 2026-11-26), so the
+    node starts them when it runs, while ComfyUI encodes the prompt and loads the model.
+    A second call does nothing new. A no-op off CUDA, and where Inductor compiles in one process (``compile_threads`` 1, as on
     Windows) or its warm pool is switched off (``TORCH_WARM_POOL=0``, or ``TRITONKIT_COMPILE_WARM=0``
     for this early start alone). True when it started them."""
     if device is None or device.type != "cuda" or \
@@ -772,6 +780,11 @@ def compile_model(model, mode: str = "default", dynamic: str = "auto", parts: st
                          f"({type(dm).__name__}); use ComfyUI's TorchCompileModel for it instead")
     clone = model.clone()
     apply_model, outer_sample = make_wrappers(regions, opts)
+    try:
+        outer_sample.prepare(torch.device(model.load_device))
+    except Exception as e:  # noqa: BLE001 - sampling starts them anyway
+        log_once("prepare:" + type(e).__name__, f"could not start the compile workers at patch time ({e})",
+                 logging.DEBUG)
     clone.remove_wrappers_with_key(pe.WrappersMP.APPLY_MODEL, WRAPPER_KEY)
     clone.remove_wrappers_with_key(pe.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY)
     clone.add_wrapper_with_key(pe.WrappersMP.APPLY_MODEL, WRAPPER_KEY, apply_model)

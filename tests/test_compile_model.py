@@ -257,6 +257,29 @@ def test_pointwise_and_reduction_kernels_get_one_config_unless_asked(env, monkey
     assert red not in seen[-1] and seen[-1]["max_autotune"] is True
 
 
+def test_compile_workers_start_when_the_node_runs(env, flux, tmp_path, monkeypatch):
+    """The node starts Inductor's compile workers when it runs (before ComfyUI encodes the prompt
+    and loads the model), for the model's load device, where a block class has no saved entry;
+    not where every class has one (a warm restart compiles nothing)."""
+    _, node, _ = env
+    compile_aot = node.compile_aot
+    mp, _, _ = flux
+    started = []
+    monkeypatch.setattr(node, "warm_compile_workers", lambda device: started.append(device) or True)
+    monkeypatch.setattr(node, "artifact_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(compile_aot, "enabled", lambda: True)
+    monkeypatch.setattr(node, "_COMPILED", {})
+    m, _ = node.compile_model(mp)
+    assert started == [torch.device(mp.load_device)], started
+    # every class saved: nothing is started
+    prepare = m.wrappers["outer_sample"][node.WRAPPER_KEY][0].prepare
+    monkeypatch.setattr(compile_aot.Entries, "saved_any", lambda self: True)
+    started.clear()
+    assert prepare(torch.device("cpu")) is False and started == []
+    monkeypatch.setattr(compile_aot.Entries, "saved_any", lambda self: False)
+    assert prepare(torch.device("cpu")) is True and started == [torch.device("cpu")]
+
+
 def test_static_shapes_and_the_cache_size_limit(env, flux):
     inproc, node, _ = env
     mp, _, _ = flux
