@@ -260,7 +260,7 @@ def _inductor_overrides(mode: str = "default") -> dict:
       and 11.9-12.4 s instead of 13.4-16.0 (Flux), and ran as fast (0.926-0.927 against 0.930
       s/step; 0.151-0.153 against 0.155-0.158). ``TRITONKIT_COMPILE_POINTWISE_TUNE=1`` restores it.
     * Reductions without a layout hint (``ReductionHint.DEFAULT``, e.g. a layer norm over a
-      dynamic token count: 4 of HunyuanVideo's 22): Inductor compiles 6 configs of each, one after
+      dynamic token count: 2 of HunyuanVideo's 27): Inductor compiles 6 configs of each, one after
       another in one worker, the last kernels the compile waits for. Its own one-config choice
       (``test_configs.force_filter_reduction_configs``, the rule its deterministic mode uses)
       instead, where the installed Inductor has it. ``TRITONKIT_COMPILE_REDUCTION_TUNE=1``
