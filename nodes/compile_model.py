@@ -707,11 +707,11 @@ def warm_compile_workers(device: Optional[torch.device]) -> bool:
     answer, Inductor compiles each kernel in this process, one after the other (4.0 s of an 18.3 s
     cold Flux compile on an H100, 2026-11-24). Started at sampling, they were ready by the end of
     the eager calibration step; where the calibration is stored the first step compiles at once,
-    and 3 to 15 of HunyuanVideo's kernels still compiled here (0.7-3.2 s, H100, 2026-11-26), so the
-    node starts them when it runs, while ComfyUI encodes the prompt and loads the model.
-    A second call does nothing new. A no-op off CUDA, and where Inductor compiles in one process (``compile_threads`` 1, as on
-    Windows) or its warm pool is switched off (``TORCH_WARM_POOL=0``, or ``TRITONKIT_COMPILE_WARM=0``
-    for this early start alone). True when it started them."""
+    and 3 to 13 of HunyuanVideo's kernels still compiled here (0.75-3.0 s, H100, 2026-11-26), so
+    the node starts them when it runs, while ComfyUI encodes the prompt and loads the model. A
+    second call does nothing new. A no-op off CUDA, and where Inductor compiles in one process
+    (``compile_threads`` 1, as on Windows) or its warm pool is switched off (``TORCH_WARM_POOL=0``,
+    or ``TRITONKIT_COMPILE_WARM=0`` for this early start alone). True when it started them."""
     if device is None or device.type != "cuda" or \
             os.environ.get(WARM_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return False
