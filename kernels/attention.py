@@ -1131,9 +1131,8 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
         return _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg, pv=pv, arch=arch)
 
 
-def _sdpa_interim(q, k, v, mask, heads, bhld, out_bhld, scale, causal):
-    """The same call through torch's SDPA (what ComfyUI's attention runs), in the kernels' layouts and
-    mask conventions (a fully masked row gives 0): a compiled graph's calls while their kernels compile."""
+def _heads_first(q, k, v, heads, bhld):
+    """q, k, v as (B, H, L, D), k and v repeated to q's heads (GQA): for the torch paths."""
     if bhld:
         qh, kh, vh = q, k, v
     else:
@@ -1142,9 +1141,16 @@ def _sdpa_interim(q, k, v, mask, heads, bhld, out_bhld, scale, causal):
         qh = q.reshape(B, Lq, heads, D).transpose(1, 2)
         kh = k.reshape(B, k.shape[1], -1, D).transpose(1, 2)
         vh = v.reshape(B, v.shape[1], -1, D).transpose(1, 2)
-    if kh.shape[1] != qh.shape[1]:  # GQA
+    if kh.shape[1] != qh.shape[1]:
         r = qh.shape[1] // kh.shape[1]
         kh, vh = kh.repeat_interleave(r, dim=1), vh.repeat_interleave(r, dim=1)
+    return qh, kh, vh
+
+
+def _sdpa_interim(q, k, v, mask, heads, bhld, out_bhld, scale, causal):
+    """The same call through torch's SDPA (what ComfyUI's attention runs), in the kernels' layouts and
+    mask conventions (a fully masked row gives 0): a compiled graph's calls while their kernels compile."""
+    qh, kh, vh = _heads_first(q, k, v, heads, bhld)
     m = mask
     if m is not None:
         while m.ndim < 4:
@@ -1262,20 +1268,7 @@ def attention_reference(q, k, v, heads: int | None = None, *, mask=None, layout:
                         dtype=torch.float64):
     """Plain softmax(q·kᵀ·scale + mask)·v in ``dtype`` (float64 by default); fully masked rows
     give 0. Same arguments as :func:`attention`."""
-    bhld = layout == "bhld"
-    if bhld:
-        qh, kh, vh = q, k, v
-    else:
-        B, Lq, HD = q.shape
-        D = HD // heads
-        qh = q.view(B, Lq, heads, D).transpose(1, 2)
-        kh = k.reshape(B, k.shape[1], -1, D).transpose(1, 2)
-        vh = v.reshape(B, v.shape[1], -1, D).transpose(1, 2)
-    qh, kh, vh = qh.to(dtype), kh.to(dtype), vh.to(dtype)
-    H, Hk = qh.shape[1], kh.shape[1]
-    if Hk != H:
-        kh = kh.repeat_interleave(H // Hk, dim=1)
-        vh = vh.repeat_interleave(H // Hk, dim=1)
+    qh, kh, vh = (x.to(dtype) for x in _heads_first(q, k, v, heads, layout == "bhld"))
     D = qh.shape[-1]
     s = (qh @ kh.transpose(-1, -2)) * (scale if scale is not None else 1.0 / math.sqrt(D))
     Lq, Lk = s.shape[-2], s.shape[-1]
