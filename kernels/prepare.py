@@ -192,6 +192,11 @@ _READY: dict = {}  # call key -> Prepared while its kernels compile, True once t
 _ready_lock = threading.Lock()
 
 
+def known_ready(key) -> bool:
+    """Whether :func:`ready` has answered True for ``key`` (one dict lookup)."""
+    return _READY.get(key) is True
+
+
 def ready(key, fn: Callable[[], object]) -> bool:
     """Whether the kernels that ``fn()`` launches are compiled. The first call of ``key`` prepares them
     (:func:`prepare`); where Triton's cache holds them they load within SETTLE_S and the answer is

@@ -820,3 +820,9 @@ def test_compiled_graph_calls_run_sdpa_while_their_kernels_compile(monkeypatch):
     monkeypatch.setattr(A, "_gated", lambda q: False)  # CPU, a CUDA graph capture, deferral off: straight on
     state["ready"] = False
     assert A._op_impl(q, k, v, *args) == "kernel" and len(keys) == 3
+    monkeypatch.setitem(A.prepare._READY, keys[0], True)  # known ready: nothing else is asked
+
+    def not_asked(q):
+        raise AssertionError("a call known ready checked its settings")
+    monkeypatch.setattr(A, "_gated", not_asked)
+    assert A._op_impl(q, k, v, *args) == "kernel" and len(keys) == 3

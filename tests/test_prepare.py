@@ -215,6 +215,7 @@ def test_ready_prepares_a_key_once_and_answers_from_its_compiles(monkeypatch):
     pending.set_result(None)
     assert P.ready("a", lambda: ran.append("again")) is True and made[0].waited == 1
     assert P.ready("a", lambda: ran.append("again")) is True and made[0].waited == 1 and len(made) == 1
+    assert P.known_ready("a") and not P.known_ready("b")
     assert P.ready("b", lambda: ran.append("b")) is True and made[1].waited == 1  # it raised: the launch shows it
     monkeypatch.setattr(P, "available", lambda: False)
     assert P.ready("c", lambda: ran.append("c")) is True and ran == ["a", "b"]
