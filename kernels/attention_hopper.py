@@ -379,6 +379,18 @@ def _build():
     # (P × 448 against the transposed, per-channel-scaled fp8 V) or in the input dtype
 
     @gluon.jit
+    def _fp8x4(x):
+        """fp32 ``x`` to fp8 e4m3 (saturating), four a register: two ``cvt.rn.satfinite.e4m3x2.f32`` and
+        one move that pairs their halves. In the MMA operand's layout a thread's four consecutive
+        values are one register's, so they come out packed as the MMA reads them. Triton's own ``.to``
+        converts two at a time and then moves bytes: one LOP3 a score and 2.5 PRMT per four (Triton 3.6,
+        sm90), about 2.7 instructions a score in the softmax's loop."""
+        return gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
+            "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }",
+            "=r,r,r,r,r", [x], dtype=gl.float8e4nv, is_pure=True, pack=4)
+
+    @gluon.jit
     def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr):
         """P in ``dtype`` as the P·V MMA's A operand (registers). In fp8 (P × 448 already, from the
         softmax) without moving data between threads: the fp8 operand layout gives a thread keys
@@ -391,9 +403,9 @@ def _build():
         if dtype == gl.float8e4nv:
             M: gl.constexpr = p.shape[0]
             N: gl.constexpr = p.shape[1]
-            x = gl.reshape(p.to(dtype), [M, N // 32, 2, 2, 2, 2, 2])
+            x = gl.reshape(p, [M, N // 32, 2, 2, 2, 2, 2])
             x = gl.reshape(gl.permute(x, (0, 1, 2, 4, 5, 3, 6)), [M, N])
-            op = gl.convert_layout(x, p_layout, assert_trivial=True)
+            op = _fp8x4(gl.convert_layout(x, p_layout, assert_trivial=True))
         else:
             op = gl.convert_layout(p.to(dtype), p_layout)
         return op
@@ -446,55 +458,89 @@ def _build():
         mbarrier.wait(q_bars.index(c), 0)
         mbarrier.wait(k_full.index(0), 0)
         _my_turn(turn, c, 0)
-        tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         _pass_turn(turn, c)
-        s = warpgroup_mma_wait(0, deps=(tok,))
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(0))
         if INT8:
             p, alpha, m_i, l_i = _softmax(_int_scores(s), 0, m_i, l_i, qsc * gl.load(KS + ks_base), Lk, BLOCK_N,
                                           s_layout, P_LOG2, True, INT_OFF)
         else:
             p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
-        p_op = _p_operand(p, v_smem.dtype, p_layout)
-        for j in range(1, n_blocks):
-            st = j % STAGES
-            pst = (j - 1) % STAGES
-            mbarrier.wait(k_full.index(st), (j // STAGES) & 1)
-            mbarrier.wait(v_full.index(pst), ((j - 1) // STAGES) & 1)
-            _my_turn(turn, c, j)
-            s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            # fp8: one key block's products summed by the MMA, the blocks in fp32 registers (the fp8
-            # MMA's accumulator keeps fewer mantissa bits: summing every block in it failed the
-            # accuracy goal at 32760 keys with outlier channels)
-            o_tok = warpgroup_mma(p_op, _v_operand(v_smem, pst), o_zero if FP8 else acc, use_acc=not FP8,
+        if FP8:
+            # Each iteration makes P into the MMA's operand and issues it beside the next block's Q·Kᵀ:
+            # carried over the loop's back edge, fp8 P's bytes were carried one a register and packed
+            # again at the MMA (a LOP3 a score and 0.5 PRMT). The last Q·Kᵀ (block n_blocks) reads a K
+            # slot the producer no longer fills; its result is never used. (The 16-bit forms keep the
+            # loop below: this one spilled there with Triton 3.8.)
+            p_op = _p_operand(p, v_smem.dtype, p_layout)
+            mbarrier.wait(k_full.index(1 % STAGES), (1 // STAGES) & 1, pred=n_blocks > 1)
+            mbarrier.wait(v_full.index(0), 0)
+            _my_turn(turn, c, 1)
+            s_tok = warpgroup_mma(q, k_smem.index(1 % STAGES).permute((1, 0)), s_zero, use_acc=False,
                                   is_async=True)
+            o_tok = warpgroup_mma(p_op, _v_operand(v_smem, 0), o_zero, use_acc=False, is_async=True)
             _pass_turn(turn, c)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
-            mbarrier.arrive(k_empty.index(st))
-            if INT8:
+            # the blocks before block j-1 stay at block j-2's max until block j-1's sum arrives; one FMA
+            # then rescales them and adds it
+            alpha_prev = alpha
+            for j in range(1, n_blocks):
+                st = j % STAGES
+                mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(_int_scores(s), j, m_i, l_i, qsc * gl.load(KS + ks_base + j), Lk,
                                               BLOCK_N, s_layout, P_LOG2, True, INT_OFF)
-            else:
-                p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
+                pv = warpgroup_mma_wait(0, deps=(o_tok,))
+                mbarrier.arrive(v_empty.index((j - 1) % STAGES))
+                # one key block's products summed by the MMA, the blocks in fp32 registers (the fp8 MMA's
+                # accumulator keeps fewer mantissa bits: summing every block in it failed the accuracy
+                # goal at 32760 keys with outlier channels)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv
+                alpha_prev = alpha
+                p_op = _p_operand(p, v_smem.dtype, p_layout)
+                nst = (j + 1) % STAGES
+                mbarrier.wait(k_full.index(nst), ((j + 1) // STAGES) & 1, pred=j + 1 < n_blocks)
+                mbarrier.wait(v_full.index(st), (j // STAGES) & 1)
+                _my_turn(turn, c, j + 1)
+                s_tok = warpgroup_mma(q, k_smem.index(nst).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                o_tok = warpgroup_mma(p_op, _v_operand(v_smem, st), o_zero, use_acc=False, is_async=True)
+                _pass_turn(turn, c)
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
-            mbarrier.arrive(v_empty.index(pst))
-            # blocks < j at block j-1's max; then rescaled to block j's
-            if FP8:
-                pv = acc + pv
-            acc = pv * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        else:
             p_op = _p_operand(p, v_smem.dtype, p_layout)
-        lst = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_full.index(lst), ((n_blocks - 1) // STAGES) & 1)
-        _my_turn(turn, c, n_blocks)
-        o_tok = warpgroup_mma(p_op, _v_operand(v_smem, lst), o_zero if FP8 else acc, use_acc=not FP8,
-                              is_async=True)
-        _pass_turn(turn, c)
-        pv = warpgroup_mma_wait(0, deps=(o_tok,))
-        mbarrier.arrive(v_empty.index(lst))
+            for j in range(1, n_blocks):
+                st = j % STAGES
+                pst = (j - 1) % STAGES
+                mbarrier.wait(k_full.index(st), (j // STAGES) & 1)
+                mbarrier.wait(v_full.index(pst), ((j - 1) // STAGES) & 1)
+                _my_turn(turn, c, j)
+                s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                o_tok = warpgroup_mma(p_op, _v_operand(v_smem, pst), acc, is_async=True)
+                _pass_turn(turn, c)
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
+                mbarrier.arrive(k_empty.index(st))
+                if INT8:
+                    p, alpha, m_i, l_i = _softmax(_int_scores(s), j, m_i, l_i, qsc * gl.load(KS + ks_base + j),
+                                                  Lk, BLOCK_N, s_layout, P_LOG2, True, INT_OFF)
+                else:
+                    p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
+                pv = warpgroup_mma_wait(0, deps=(o_tok,))
+                mbarrier.arrive(v_empty.index(pst))
+                # blocks < j at block j-1's max (the MMA added block j-1); then rescaled to block j's
+                acc = pv * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                p_op = _p_operand(p, v_smem.dtype, p_layout)
+            lst = (n_blocks - 1) % STAGES
+            mbarrier.wait(v_full.index(lst), ((n_blocks - 1) // STAGES) & 1)
+            _my_turn(turn, c, n_blocks)
+            o_tok = warpgroup_mma(p_op, _v_operand(v_smem, lst), acc, is_async=True)
+            _pass_turn(turn, c)
+            pv = warpgroup_mma_wait(0, deps=(o_tok,))
+        mbarrier.arrive(v_empty.index((n_blocks - 1) % STAGES))
         if FP8:
             offs_d = gl.arange(0, HEAD_D, layout=col_o)
             vs = gl.load(VA + va_base + offs_d) * (1.0 / 448.0)  # V's scale; P's 448 is in l_i too
-            acc = (acc + pv) * gl.expand_dims(vs, 0)
+            acc = (acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv) * gl.expand_dims(vs, 0)
         else:
             acc = pv
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
