@@ -999,15 +999,15 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
     if int8:
         variants = pv_modes
         if attention_hopper.eligible(cc, q.dtype, D, kind != 0, causal) and not int64:
-            # the Gluon 8-bit kernel beside the Triton one: with 16-bit P·V (V read through TMA:
-            # only where V folds into a 2-D view) wherever 16-bit P·V is allowed; with fp8 P·V only
-            # when asked for (pv="fp8"): on an H100 it timed 1-16 % below its 16-bit P·V at every
-            # shape but WAN's, where the two were within 2 % (BENCHMARKS.md, 2026-11-26, twenty-fourth
-            # session), so in `auto` it would cost a compile in the cold first step and never be taken
+            # the Gluon 8-bit kernel beside the Triton one, with each P·V the call allows: 16-bit (V
+            # read through TMA: only where V folds into a 2-D view) and fp8, timed like the Triton
+            # kernel's (fp8 taken only FP8_PV_MARGIN faster). Its fp8 form led its 16-bit one by 4-9 %
+            # at HunyuanVideo's and WAN's sequences on an H200 and trailed it at Flux's
+            # (BENCHMARKS.md, twenty-seventh session): which wins is the GPU's and the shape's
             v_view = _tma_view2d(v4, B, Hk, Lk, D, bhld) if align8 else None
             if 0 in pv_modes and v_view is not None:
                 variants += (G8_HALF,)
-            if pv == "fp8":
+            if 1 in pv_modes:
                 variants += (G8_FP8,)
     else:
         gluon = attention_hopper.eligible(cc, q.dtype, D, kind != 0, causal)

@@ -35,8 +35,10 @@ FlashAttention-3 builds by hand can be written out. Three forms, each a variant 
   exponential and a sum: the int32 scores become floats by an add (``_int_scores``), the row's scale
   goes into the FMA and fp8's × 448 into the exponent. P reaches the fp8 MMA with its keys relabelled
   instead of shuffled between threads (``_p_operand``; the pre-pass stores Vᵀ in the same order).
-  fp8 P·V is offered only when asked for: it still timed below 16-bit P·V on an H100, or within a few
-  % of it at WAN's 33k keys (BENCHMARKS.md, twenty-fourth session).
+  fp8 P is converted four values a register (``_fp8x4``) in the iteration that issues its MMA, beside
+  the next block's Q·Kᵀ (the fp8 form's loop is rotated for that). Both P·V forms are timed where
+  the call allows them; on an H200 fp8 led at 16k-33k keys and trailed at Flux's 4.6k
+  (BENCHMARKS.md, twenty-seventh session).
 
 One program is one BLOCK_M-row tile of one (batch, head).
 

@@ -238,26 +238,33 @@ def test_masked_causal_or_padded_calls_never_reach_gluon(monkeypatch, tmp_path):
     assert calls == [] and gpu.log
 
 
-@pytest.mark.parametrize("fastest", [0, 1, A.G8_HALF])
+@pytest.mark.parametrize("fastest", [0, 1, A.G8_HALF, A.G8_FP8])
 def test_8bit_auto_times_the_gluon_kernel_beside_the_triton_one(fastest, monkeypatch, tmp_path):
-    times = {0: 1.0, 1: 1.0, A.G8_HALF: 1.0, A.G8_FP8: 0.5}
-    times[fastest] = 0.8
+    times = {0: 1.0, 1: 1.0, A.G8_HALF: 1.0, A.G8_FP8: 1.0}
+    times[fastest] = 0.8 / (A.FP8_PV_MARGIN if fastest in (1, A.G8_FP8) else 1.0)
     gpu, calls, (q, k, v) = _fake_gluon_gpu(monkeypatch, tmp_path, times)
     A._launch(q, k, v, None, 2, True, True, None, True, False)
     timed = {c[1] for c in calls if not c[2]} | {e[1]["PV_MODE"] for e in gpu.log if e[0] == "launch"}
-    assert timed == {0, 1, A.G8_HALF}  # fp8 P·V in the Gluon kernel only when asked for
+    assert timed == {0, 1, A.G8_HALF, A.G8_FP8}  # both P·V forms of both kernels
     (pick,) = A.tune_cache().values()
     assert pick[4] == fastest
 
 
-def test_8bit_gluon_fp8_pv_only_when_asked_for_and_weighted_like_triton_fp8(monkeypatch, tmp_path):
-    # fp8 P·V must time FP8_PV_MARGIN faster to be taken, in either kernel
+def test_8bit_gluon_fp8_pv_weighted_like_triton_fp8(monkeypatch, tmp_path):
+    # fp8 P·V must time FP8_PV_MARGIN faster than 16-bit P·V to be taken, in either kernel
+    times = {0: 1.0, 1: 1.0, A.G8_HALF: 1.0, A.G8_FP8: 1.0 / (A.FP8_PV_MARGIN * 0.99)}
+    gpu, calls, (q, k, v) = _fake_gluon_gpu(monkeypatch, tmp_path, times)
+    A._launch(q, k, v, None, 2, True, True, None, True, False)
+    (pick,) = A.tune_cache().values()
+    assert pick[4] in (0, A.G8_HALF)
+    # asked for fp8: both fp8 forms, no margin between them, the faster one
+    A.tune_cache().clear()
     times = {1: 1.0, A.G8_FP8: 1.0 / (A.FP8_PV_MARGIN * 0.99)}
     gpu, calls, (q, k, v) = _fake_gluon_gpu(monkeypatch, tmp_path, times)
     A._launch(q, k, v, None, 2, True, True, None, True, False, pv="fp8")
     assert {c[1] for c in calls} == {A.G8_FP8}
     (pick,) = A.tune_cache().values()
-    assert pick[4] == A.G8_FP8  # both fp8: no margin between them, the faster one
+    assert pick[4] == A.G8_FP8
 
 
 @pytest.mark.gpu
