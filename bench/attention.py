@@ -297,7 +297,8 @@ def main():
         for n in names:
             m = r.get(n, {"error": "not run"})
             cells.append("n/a" if "error" in m else
-                         f"{m['tflops']:.0f} ({m['tflops_min']:.0f}-{m['tflops_max']:.0f}; cos {m['cos']:.5f})")
+                         f"{m['tflops']:.0f} ({m['tflops_min']:.0f}-{m['tflops_max']:.0f}; cos {m['cos']:.5f})"
+                         + (" †" if m.get("unsettled") else ""))
         rr = r.get("ratios", {})
 
         def ratio(key):
@@ -305,6 +306,9 @@ def main():
             return f"{x[0]:.2f}x ({x[1]:.2f}-{x[2]:.2f})" if x else "n/a"
         print(f"| {r['shape']} {tuple(r['BHLD'])} | " + " | ".join(cells)
               + f" | {ratio('ours_exact/sdpa_cudnn')} | {ratio('ours_8bit/sdpa_cudnn')} | {ratio('ours_exact/sdpa_fa2')} |")
+    if any(r.get(n, {}).get("unsettled") for r in results for n in names):
+        print("\n† timed with a block-config choice unsettled after 60 s of calls (a playoff still running "
+              "alternates its finalists: the figure mixes them); see the autotune choices below")
     print("\nper-round ratios, median (min-max):")
     for r in results:
         for key, x in sorted(r.get("ratios", {}).items()):
