@@ -1001,9 +1001,10 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
         if attention_hopper.eligible(cc, q.dtype, D, kind != 0, causal) and not int64:
             # the Gluon 8-bit kernel beside the Triton one, with each P·V the call allows: 16-bit (V
             # read through TMA: only where V folds into a 2-D view) and fp8, timed like the Triton
-            # kernel's (fp8 taken only FP8_PV_MARGIN faster). Its fp8 form led its 16-bit one by 4-9 %
-            # at HunyuanVideo's and WAN's sequences on an H200 and trailed it at Flux's
-            # (BENCHMARKS.md, twenty-seventh session): which wins is the GPU's and the shape's
+            # kernel's (fp8 taken only FP8_PV_MARGIN faster). Its fp8 form led its 16-bit one by 4-13 %
+            # at HunyuanVideo's and WAN's sequences on an H100 and an H200 and trailed it by 5-7 % at
+            # Flux's (BENCHMARKS.md, twenty-seventh session): which wins is the GPU's and the shape's,
+            # for one more compile in a cold first step
             v_view = _tma_view2d(v4, B, Hk, Lk, D, bhld) if align8 else None
             if 0 in pv_modes and v_view is not None:
                 variants += (G8_HALF,)
