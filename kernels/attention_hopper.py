@@ -37,7 +37,7 @@ FlashAttention-3 builds by hand can be written out. Three forms, each a variant 
   instead of shuffled between threads (``_p_operand``; the pre-pass stores Vᵀ in the same order).
   fp8 P is converted four values a register (``_fp8x4``) in the iteration that issues its MMA, beside
   the next block's Q·Kᵀ (the fp8 form's loop is rotated for that). Both P·V forms are timed where
-  the call allows them; on an H200 fp8 led at 16k-33k keys and trailed at Flux's 4.6k
+  the call allows them; on an H100 and an H200 fp8 led at 16k-33k keys and trailed at Flux's 4.6k
   (BENCHMARKS.md, twenty-seventh session).
 
 One program is one BLOCK_M-row tile of one (batch, head).
