@@ -6,18 +6,28 @@ each other it holds a playoff: configs that tie alone can differ by 8-10 % under
 attention at HunyuanVideo's and WAN's shapes, 2026-11-24/25). Timed in synthetic bursts of about
 150 ms, three rounds, that playoff was about 1 s of a cold HunyuanVideo step on an H100 (2026-11-26).
 
-Here the playoff runs in the calls the model makes anyway: while a key is on trial each of its calls
-runs the next finalist in turn, between a start and an end CUDA event recorded on the calling stream,
-and once every finalist has SAMPLES timings that have completed, the fastest by median (times its
-weight) is the key's config from then on. The model's calls are the load the bursts imitate (the
+Here the playoff runs in the calls the model makes anyway: while a key is on trial its calls run the
+finalists in turns, a timed call between a start and an end CUDA event recorded on the calling stream,
+and once every finalist has had its turns and their timings have completed, the fastest by median
+(times its weight) is the key's config from then on. The model's calls are the load the bursts imitate (the
 attention between its block's GEMMs), they cost no extra GPU time, and the host never waits: an event
 pair is read only once the GPU has passed it (``Event.query``).
+
+The finalists take turns of consecutive calls, about STRETCH_MS of GPU time each, and only the second
+half of each turn is timed: at the GPU's power cap a call runs at the clocks the calls before it left.
+On an H100 at WAN's shape (``python3 bench/playoff_turns.py --context --smi 20``, 2026-11-26) the 8-bit
+kernel's 16-bit P·V ran at 1665 MHz back to back and its fp8 P·V at 1860, 30.2 against 27.5 ms a call;
+alternated call by call, each call ran at the clocks the other one's draw left behind and the 16-bit
+form timed faster (28.8 against 29.3 ms): a turn of one call picked the slower form. In turns of 6
+calls the order was the back-to-back one (30.7 against 27.3 ms), also between the block's GEMMs (the
+block 58.0 against 57.0 ms; back to back 58.2 against 56.9).
 
 A call made while a CUDA graph is captured, or inside a preparing run (kernels/prepare.py: launches
 only compile), runs the provisional config untimed. ``TRITONKIT_PLAYOFF_IN_MODEL=0`` keeps the bursts.
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import threading
@@ -31,6 +41,11 @@ ENV = "TRITONKIT_PLAYOFF_IN_MODEL"
 SAMPLES = 6
 # a finalist whose calls raised (no end marked) this many times leaves the trial
 MAX_LOST = 2
+# a turn: consecutive calls of one finalist, about STRETCH_MS of their time alone (at most STRETCH_MAX
+# calls), the second half timed; every finalist takes at least MIN_TURNS turns, interleaved (A B A B)
+STRETCH_MS = 150.0
+STRETCH_MAX = 32
+MIN_TURNS = 2
 _local = threading.local()  # .pending: (trial, config, start mark) of this thread's call in flight
 
 
@@ -60,16 +75,28 @@ class CudaClock:
         return start.elapsed_time(end)
 
 
+def stretch_for(est_ms: float) -> int:
+    """Calls in a turn of a finalist whose call takes ``est_ms`` alone: about STRETCH_MS of GPU time."""
+    return max(1, min(STRETCH_MAX, math.ceil(STRETCH_MS / max(float(est_ms), 1e-3))))
+
+
 class Trial:
     """One key's playoff in the model's calls: ``finalists`` (configs, the provisional best first) take
-    turns; ``settle(best, medians)`` is called once, when every finalist has SAMPLES timings."""
+    turns of ``stretch`` consecutive calls, the second half of each timed, until every finalist has had
+    its turns (at least MIN_TURNS, and SAMPLES timings); ``settle(best, medians)`` is called once, when
+    every timing has been read. ``stretch`` 1: a turn is one call, every call timed."""
 
-    def __init__(self, finalists: list, weight: Optional[Callable], settle: Callable, clock):
+    def __init__(self, finalists: list, weight: Optional[Callable], settle: Callable, clock, stretch: int = 1):
         self.finalists = list(finalists)
         self.weight = weight
         self.clock = clock
         self._settle = settle
-        self._turn = 0
+        self.stretch = max(1, int(stretch))
+        self._warm = self.stretch // 2  # the calls of a turn that run untimed, first
+        timed = self.stretch - self._warm
+        turns = max(MIN_TURNS if self.stretch > 1 else 1, math.ceil(SAMPLES / timed))
+        self._schedule = self.finalists * turns  # turn t: finalist t mod n
+        self._k = 0  # calls handed out along the schedule
         self._inflight: list = []  # (config, start mark, end mark) not yet read
         self.samples: dict = {c: [] for c in self.finalists}
         self._lost: dict = {c: 0 for c in self.finalists}  # calls handed out that never ended
@@ -81,8 +108,9 @@ class Trial:
         return self.finalists[0]
 
     def next(self, untimed: bool = False):
-        """The config this call runs. Unless ``untimed`` (or a CUDA graph is being captured), its start
-        is marked and :func:`end_call` marks its end after the launch."""
+        """The config this call runs. Unless ``untimed`` (or a CUDA graph is being captured), it takes
+        the schedule's next call, and where that is a timed one its start is marked and :func:`end_call`
+        marks its end after the launch."""
         prev = getattr(_local, "pending", None)
         _local.pending = None
         if prev is not None:  # a call that never ended (it raised): dropped, and counted against its config
@@ -92,30 +120,36 @@ class Trial:
             if self.settled:
                 return self.best
             self._read()
-            live = [c for c in self.finalists if self._lost[c] < MAX_LOST]
-            if all(len(self.samples[c]) >= SAMPLES for c in live):
+            nxt = None
+            if not (untimed or self.clock.capturing()):
+                nxt = self._next_call()
+            if nxt is None:
+                if self._inflight or not self._done():
+                    return self.provisional  # untimed, or every call handed out and some still on the GPU
                 finished = self._finish()
-            elif untimed or self.clock.capturing():
-                return self.provisional
-            else:
-                c = self._next_finalist()
-                if c is None:
-                    return self.provisional  # every timing taken, some still on the GPU
         if finished is not None:
             # outside this trial's lock: settling takes the tuner's lock and the calibration store's
             self._settle(*finished)
             return self.best
-        _local.pending = (self, c, self.clock.mark())
+        c, timed = nxt
+        if timed:
+            _local.pending = (self, c, self.clock.mark())
         return c
 
-    def _next_finalist(self):
-        """The next finalist, in turn, that still needs timings, or None."""
-        for _ in range(len(self.finalists)):
-            c = self.finalists[self._turn % len(self.finalists)]
-            self._turn += 1
-            if self._lost[c] < MAX_LOST and \
-                    len(self.samples[c]) + sum(1 for f, _, _ in self._inflight if f == c) < SAMPLES:
-                return c
+    def _done(self) -> bool:
+        return self._k >= len(self._schedule) * self.stretch
+
+    def _next_call(self):
+        """(config, timed) of the schedule's next call, a lost finalist's turns skipped; None once the
+        schedule is done."""
+        while not self._done():
+            turn, pos = divmod(self._k, self.stretch)
+            c = self._schedule[turn]
+            if self._lost[c] >= MAX_LOST:
+                self._k = (turn + 1) * self.stretch
+                continue
+            self._k += 1
+            return c, pos >= self._warm
         return None
 
     def _lose(self, c) -> None:

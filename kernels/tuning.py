@@ -214,8 +214,11 @@ def _settle_here(device, key: str, cands, ms: dict, run: Callable, weight: Optio
     if fin and in_model and device.type == "cuda" and trials.enabled():
         best, rec = _settle(device, cands, ms, run, weight, family, playoff=False)
         rec["playoff"] = "in the model's calls"
+        # turns of about trials.STRETCH_MS of the fastest finalist's calls (timed alone)
+        stretch = trials.stretch_for(min(statistics.median(ms[c]) for c in fin))
         _TRIALS[key] = trials.Trial(fin, weight, functools.partial(_trial_settled, device, key, rec),
-                                    _clock(device))
+                                    _clock(device), stretch=stretch)
+        rec["playoff_turn_calls"] = stretch
         _CACHE.pop(key, None)
         calibration.COUNTERS["playoffs"] += 1
         return best, rec
@@ -333,6 +336,12 @@ def _deferred(device: torch.device, key: str, cands: list, warm: Callable) -> bo
 # :func:`_finalists`) are timed PLAYOFF_ROUNDS more times (interleaved) and each is ranked by the
 # median of its timings: a few more runs of two or three kernels, on the first call of a shape class only.
 PLAYOFF_WITHIN = 1.15
+# The best of another kernel variant joins the playoff from further behind: alone, one call after a
+# GPU spin, a variant can rank 10-20 % off its place in a run of calls, where the power it draws sets
+# the clocks. On an H100 at WAN's 32760 keys the 8-bit kernel's fp8 P·V timed 29.2-30.9 ms alone against
+# the 16-bit one's 27.6-27.8 (1.15-1.19x with FP8_PV_MARGIN), and 27.3-27.5 against 29.9-30.4 back to
+# back (bench/playoff_turns.py, 2026-11-26): at 1.15 it sometimes missed the playoff it then won.
+FAMILY_WITHIN = 1.3
 PLAYOFF_ROUNDS = 3
 # On a GPU the playoff times each finalist in bursts of back-to-back calls (about SUSTAIN_MS each, at
 # most SUSTAIN_MAX calls), per call, and the pick goes to the faster of them that way. Timed alone,
@@ -383,21 +392,22 @@ def _sustained_ms(device: torch.device, fns: dict, est: dict) -> dict:
 
 def _finalists(ms: dict, weight: Optional[Callable], family: Optional[Callable]) -> list:
     """The candidates of the playoff, best first: the best two when the runner-up is within
-    PLAYOFF_WITHIN of the best, and the best of each other ``family`` (kernel variant) within it.
-    Timed alone the variants rank differently than under load: on an H200 at WAN's 32760 keys the
-    8-bit kernel's 16-bit P·V (128, 64, 4, 3) timed 34.4 ms alone, its fp8 P·V (128, 128, 8, 3)
-    36.4, and back to back 38.3 against 34.7 ms; with only the best two in the playoff (both 16-bit
-    P·V), `auto` never timed the fp8 one under load and took the slower variant (2026-11-25)."""
+    PLAYOFF_WITHIN of the best, and the best of each other ``family`` (kernel variant) within
+    FAMILY_WITHIN of it. Timed alone the variants rank differently than under load: on an H200 at
+    WAN's 32760 keys the 8-bit kernel's 16-bit P·V (128, 64, 4, 3) timed 34.4 ms alone, its fp8 P·V
+    (128, 128, 8, 3) 36.4, and back to back 38.3 against 34.7 ms; with only the best two in the
+    playoff (both 16-bit P·V), `auto` never timed the fp8 one under load and took the slower variant
+    (2026-11-25)."""
     ranked = sorted(ms, key=lambda c: _score(ms, c, weight))
     if len(ranked) < 2:
         return []
-    limit = _score(ms, ranked[0], weight) * PLAYOFF_WITHIN
-    close = [c for c in ranked if _score(ms, c, weight) <= limit]
+    best = _score(ms, ranked[0], weight)
+    close = [c for c in ranked if _score(ms, c, weight) <= best * PLAYOFF_WITHIN]
     out = close[:2]
     if family is not None:
         seen = {family(c) for c in out}
-        for c in close[2:]:
-            if family(c) not in seen:
+        for c in ranked[1:]:
+            if family(c) not in seen and _score(ms, c, weight) <= best * FAMILY_WITHIN:
                 seen.add(family(c))
                 out.append(c)
     return out if len(out) > 1 else []

@@ -12,6 +12,7 @@ from compile_utils import spill_bytes
 from test_attention import EIGHT_BIT_GOAL, check, cos_stats, make_8bit_inputs, make_qkv
 from tritonkit.kernels import attention as A
 from tritonkit.kernels import attention_hopper as AH
+from tritonkit.kernels import trials as TR
 
 needs_gluon = pytest.mark.skipif("not __import__('tritonkit.kernels.attention_hopper', "
                                  "fromlist=['x']).gluon_available()",
@@ -154,7 +155,8 @@ def test_cuda_auto_times_the_gluon_kernel(poison, monkeypatch):
     gen = torch.Generator().manual_seed(7)
     q, k, v = make_qkv(1, 24, 24, 4608, 4608, 128, torch.bfloat16, "bld", gen, "cuda")
     ref = A.attention_reference(q, k, v, 24)
-    for _ in range(60):  # the timing's playoff runs in the calls themselves (kernels/trials.py)
+    # the timing's playoff runs in the calls themselves, in turns of up to STRETCH_MAX calls (kernels/trials.py)
+    for _ in range(2 * TR.MIN_TURNS * TR.STRETCH_MAX * 4):
         out = poison(torch.empty_like(q))
         A.attention(q, k, v, 24, out=out)
         check(out, ref, torch.bfloat16, "exact", "auto")

@@ -114,6 +114,49 @@ def test_a_finalist_whose_calls_raise_leaves_the_trial():
     assert settled == [(A, {A: 10.0})] and trial.next() == A
 
 
+class PowerCappedClock(FakeClock):
+    """A GPU under a power cap: a call takes ``cost[c]`` ms times (1 + SLOW × heat), where heat follows
+    the power the calls before it drew (``draw[c]``, 0-1; an exponential average, HEAT_KEEP kept per call):
+    the 8-bit attention's 16-bit P·V, faster at full clocks, draws more and runs at lower ones."""
+    SLOW, HEAT_KEEP = 0.1, 0.7
+
+    def __init__(self, cost, draw):
+        super().__init__(cost)
+        self.draw, self.heat = draw, 0.0
+
+    def launch(self, c):
+        self.now += self.cost[c] * (1 + self.SLOW * self.heat)
+        self.heat = self.HEAT_KEEP * self.heat + (1 - self.HEAT_KEEP) * self.draw[c]
+
+
+def test_turns_of_consecutive_calls_pick_what_runs_faster_back_to_back():
+    half, fp8 = (128, 128, 4, 2, 3), (128, 128, 4, 2, 4)
+    cost, draw = {half: 9.7, fp8: 10.0}, {half: 1.0, fp8: 0.0}
+
+    def back_to_back(c, n=40):
+        clock = PowerCappedClock(cost, draw)
+        t = []
+        for _ in range(n):
+            t0 = clock.now
+            clock.launch(c)
+            t.append(clock.now - t0)
+        return t[-1]
+
+    assert back_to_back(fp8) < back_to_back(half)  # fp8 is the faster one in a model's run of calls
+
+    def playoff(stretch):
+        clock, settled = PowerCappedClock(cost, draw), []
+        trial = TR.Trial([half, fp8], None, lambda best, med: settled.append(best), clock, stretch=stretch)
+        for _ in range(2 * TR.SAMPLES * stretch + 1):
+            model_call(trial, clock)
+            if settled:
+                break
+        return settled
+
+    assert playoff(1) == [half]  # call by call, each runs at the clocks the other one's draw left
+    assert playoff(TR.stretch_for(10.0)) == [fp8]
+
+
 @pytest.fixture
 def tuner(tmp_path, monkeypatch):
     monkeypatch.setenv(C.ENV_DIR, str(tmp_path / "calib"))
@@ -146,8 +189,11 @@ def test_the_tuner_runs_a_gpu_playoff_in_the_models_calls(tuner, monkeypatch):
     assert call() == A  # the tuning call runs the first pass's fastest
     assert "k|m" not in T.cache() and tuner["k|m"]["config"] == list(A)
     assert tuner["k|m"]["playoff"] == "in the model's calls" and C.COUNTERS["playoffs"] == p0 + 1
-    runs = [call() for _ in range(2 * TR.SAMPLES + 1)]
-    assert runs[:2 * TR.SAMPLES] == [A, B] * TR.SAMPLES and runs[-1] == B
+    n = TR.stretch_for(10.0)  # turns of about STRETCH_MS: 15 calls of 10 ms
+    assert n == 15 and tuner["k|m"]["playoff_turn_calls"] == n
+    runs = [call() for _ in range(2 * TR.MIN_TURNS * n + 1)]
+    assert runs[:2 * TR.MIN_TURNS * n] == ([A] * n + [B] * n) * TR.MIN_TURNS and runs[-1] == B
+    assert clock.marks == 2 * TR.MIN_TURNS * (n - n // 2) * 2  # the second half of each turn, start and end
     assert T.cache()["k|m"] == B and C.COUNTERS["playoffs_in_model"] == m0 + 1
     rec = tuner["k|m"]
     assert rec["config"] == list(B) and rec["ms"] == 10.1 and "playoff" not in rec
@@ -182,7 +228,7 @@ def test_a_calibrations_chosen_path_starts_its_playoff_in_the_models_calls(tuner
     assert T.unsettled() == 1  # the playoff still to run in the calls
     assert tuner["k|exact"]["playoff"] == "not run: the calibration chose int8, not exact"
     assert tuner["k|int8"]["playoff"] == "in the model's calls"
-    for _ in range(2 * TR.SAMPLES + 1):
+    for _ in range(2 * TR.MIN_TURNS * TR.stretch_for(10.0) + 1):
         c = T.pick(gpu, "k|int8", [A, B, D], run=lambda c: None, in_model=True)
         clock.launch(c)
         TR.end_call()

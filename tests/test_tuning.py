@@ -297,7 +297,7 @@ def test_the_playoff_takes_the_best_of_each_close_variant(monkeypatch):
     # bursts (as fp8 P·V at WAN's shape on an H200): it joins the playoff and wins it
     a0, b0, c1, d1, far2 = (128, 64, 4, 3, 0), (128, 64, 4, 4, 0), (128, 128, 8, 3, 1), (128, 64, 8, 3, 1), \
         (64, 64, 4, 3, 2)
-    alone = {a0: 34.4, b0: 35.5, c1: 36.4, d1: 40.2, far2: 34.4 * T.PLAYOFF_WITHIN * 1.01}
+    alone = {a0: 34.4, b0: 35.5, c1: 36.4, d1: 40.2, far2: 34.4 * T.FAMILY_WITHIN * 1.01}
     monkeypatch.setattr(T, "time_all", lambda device, fns: {c: alone[c] for c in fns})
     bursts = []
 
@@ -317,12 +317,21 @@ def test_the_playoff_takes_the_best_of_each_close_variant(monkeypatch):
     T.cache().clear()
     assert T.pick(torch.device("cuda"), "k|nofam", list(alone), run=lambda c: None) == b0
     assert bursts[0] == [a0, b0]
-    # a weight counts in choosing the finalists: c1 weighted 1.12 (36.4 * 1.12 alone) is no longer within
-    # PLAYOFF_WITHIN of the best, so it is not timed in bursts and the 16-bit pair decides
+    # a weight counts in choosing the finalists: c1 weighted (36.4 * 1.27 alone) is no longer within
+    # FAMILY_WITHIN of the best, so it is not timed in bursts and the 16-bit pair decides
     bursts.clear()
     T.cache().clear()
-    w = lambda c: 1.12 if c[4] == 1 else 1.0  # noqa: E731
+    w = lambda c: 34.4 / 36.4 * T.FAMILY_WITHIN * 1.01 if c[4] == 1 else 1.0  # noqa: E731
     assert T.pick(torch.device("cuda"), "k|famw", list(alone), run=lambda c: None, family=family, weight=w) == b0
+    assert bursts[0] == [a0, b0]
+    # another variant's best from further behind than PLAYOFF_WITHIN, within FAMILY_WITHIN: it plays
+    bursts.clear()
+    T.cache().clear()
+    alone[c1] = 34.4 * (T.PLAYOFF_WITHIN + T.FAMILY_WITHIN) / 2
+    alone[d1] = alone[c1] * 1.01  # still c1's family's second
+    assert T.PLAYOFF_WITHIN < alone[c1] / 34.4 < T.FAMILY_WITHIN
+    assert T.pick(torch.device("cuda"), "k|famfar", list(alone), run=lambda c: None, family=family) == c1
+    assert bursts[0] == [a0, b0, c1]
 
 
 @pytest.mark.gpu
