@@ -40,6 +40,8 @@ def main():
     ap.add_argument("--shapes", default="sdxl,flux,hunyuan,wan14b")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=250,
+                    help="ms of a form's own calls before each timing: clocks follow the power drawn before")
     ap.add_argument("--int8", action="store_true", help="also the 8-bit kernels: Triton's and the Gluon one")
     ap.add_argument("--only", default=None, help="comma-separated name prefixes of the methods to run (the anchors always)")
     a = ap.parse_args()
@@ -96,7 +98,7 @@ def main():
         times = {n: [] for n in ok}
         for _ in range(a.rounds):
             for n, f in ok.items():
-                times[n].append(triton.testing.do_bench(f, warmup=10, rep=a.rep))
+                times[n].append(triton.testing.do_bench(f, warmup=a.warmup, rep=a.rep))
         print(f"| {sname} {(B, H, L, D)} | ms med (min-max) | TFLOPS | x cuDNN med (min-max) |")
         for n in sorted(ok, key=lambda n: statistics.median(times[n])):
             t = times[n]
