@@ -501,7 +501,7 @@ def _calibration_delta(before: dict, after: dict) -> dict:
                                                       "deferred_calls", "stalled_timings", "warmed",
                                                       "worker_compiles", "thread_compiles", "worker_starts",
                                                       "cache_hits", "playoffs", "playoffs_not_run",
-                                                      "playoffs_in_model", "launchers_built")}
+                                                      "playoffs_in_model", "playoffs_resumed", "launchers_built")}
     out.update({k: round(c1[k] - c0.get(k, 0.0), 3) for k in ("calibration_s", "autotune_s", "launcher_s")
                 if k in c1})
     return {**out, "timing": after["timing"], "dir": after["dir"],

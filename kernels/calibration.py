@@ -95,11 +95,12 @@ _recording: Optional[set] = None
 # deferred_calls: calls that ran an interim path while those compiles ran (see choose)
 # warmed: stored choices whose kernels compiled in the background at their first call (see _stored)
 # playoffs / playoffs_not_run: block-config playoffs run (or started in the model's calls), and not run
-# because their path was not chosen; playoffs_in_model: those settled in the model's calls
+# because their path was not chosen; playoffs_in_model: those settled in the model's calls;
+# playoffs_resumed: playoffs in the model's calls a stored record left unsettled, started again
 # (kernels/tuning.py, kernels/trials.py)
 COUNTERS = {"calibrations": 0, "timed_runs": 0, "autotunes": 0, "loads": 0, "calibration_s": 0.0, "autotune_s": 0.0,
             "prepared": 0, "deferred_calls": 0, "stalled_timings": 0, "warmed": 0, "playoffs": 0,
-            "playoffs_not_run": 0, "playoffs_in_model": 0}
+            "playoffs_not_run": 0, "playoffs_in_model": 0, "playoffs_resumed": 0}
 # (str(device), key) -> kernels.prepare.Prepared: shape classes whose candidates compile in the background
 _PENDING: dict = {}
 # (str(device), key) of the choices whose kernels are loaded in this process (timed here, or warmed:

@@ -69,6 +69,7 @@ def reset() -> None:
         _CACHE.clear()
         _TRIALS.clear()
         _HELD.clear()
+        _RESUMING.clear()
 
 
 # Candidates are timed like calibration candidates (calibration.cuda_timer_interleaved: warm-ups,
@@ -154,6 +155,16 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
     # while a calibration holds its own lock and takes this one (its candidates tune, and
     # :func:`_after_choice` settles their playoffs)
     stored = calibration.recall(device, key)
+    if (isinstance(stored, dict) and stored.get("playoff") == IN_MODEL and in_model and device.type == "cuda"
+            and trials.enabled() and tuple(stored.get("config", ())) in cands and not prepare.preparing()):
+        with _LOCK:
+            trial = _TRIALS.get(key)
+            if trial is None and key not in _CACHE:
+                trial = _resume_trial(device, key, cands, stored, warm, weight, family)
+        if trial is _COMPILING:
+            return tuple(stored["config"])  # the stored pick, while the other finalists compile
+        if trial is not None:
+            return trial.next()
     rec = None
     with _LOCK:
         hit = _CACHE.get(key)
@@ -213,18 +224,66 @@ def _settle_here(device, key: str, cands, ms: dict, run: Callable, weight: Optio
     fin = _finalists(ms, weight, family)
     if fin and in_model and device.type == "cuda" and trials.enabled():
         best, rec = _settle(device, cands, ms, run, weight, family, playoff=False)
-        rec["playoff"] = "in the model's calls"
-        # turns of about trials.STRETCH_MS of the fastest finalist's calls (timed alone)
-        stretch = trials.stretch_for(min(statistics.median(ms[c]) for c in fin))
-        _TRIALS[key] = trials.Trial(fin, weight, functools.partial(_trial_settled, device, key, rec),
-                                    _clock(device), stretch=stretch)
-        rec["playoff_turn_calls"] = stretch
-        _CACHE.pop(key, None)
-        calibration.COUNTERS["playoffs"] += 1
+        rec["playoff"] = IN_MODEL
+        _start_trial(device, key, fin, ms, weight, rec)
         return best, rec
     best, rec = _settle(device, cands, ms, run, weight, family)
     _CACHE[key] = best
     return best, rec
+
+
+IN_MODEL = "in the model's calls"  # a stored record's "playoff" while its playoff runs in the model's calls
+
+
+def _start_trial(device, key: str, fin: list, ms: dict, weight: Optional[Callable], rec: dict) -> None:
+    """The playoff between ``fin`` in the model's calls, in turns of about trials.STRETCH_MS of the fastest
+    finalist's calls (timed alone, ``ms``); ``rec`` is stored with its outcome. Under _LOCK."""
+    stretch = trials.stretch_for(min(statistics.median(ms[c]) for c in fin))
+    _TRIALS[key] = trials.Trial(fin, weight, functools.partial(_trial_settled, device, key, rec),
+                                _clock(device), stretch=stretch)
+    rec["playoff_turn_calls"] = stretch
+    _CACHE.pop(key, None)
+    calibration.COUNTERS["playoffs"] += 1
+
+
+_COMPILING = object()  # _resume_trial: the finalists still compile in the background
+_RESUMING: dict = {}    # store key -> the background compile of a resumed playoff's finalists
+
+
+def _resume_trial(device, key: str, cands: list, stored: dict, warm: Optional[Callable],
+                  weight: Optional[Callable], family: Optional[Callable]):
+    """A stored record whose playoff in the model's calls had not settled when its process ended (a short
+    run, or a key with few calls a step: the turns take up to 4 x trials.STRETCH_MAX calls for two
+    finalists): the playoff starts again in this process's calls from the stored first-pass timings,
+    nothing timed alone. The finalists compile in the background first (``warm``), the stored pick running
+    meanwhile (:data:`_COMPILING`). The trial, _COMPILING, or None where the record names no finalists.
+    Under _LOCK."""
+    ms = {}
+    for name, t in (stored.get("candidates_ms") or {}).items():
+        try:
+            c = tuple(int(x) for x in str(name).split(","))
+        except ValueError:
+            continue
+        if c in cands and isinstance(t, (int, float)) and t > 0:
+            ms[c] = [float(t)]
+    fin = _finalists(ms, weight, family)
+    if not fin:
+        return None
+    if warm is not None:
+        pend = _RESUMING.get(key)
+        if pend is None and prepare.available():
+            _RESUMING[key] = prepare.prepare({c: functools.partial(warm, c) for c in fin})
+            return _COMPILING
+        if pend is None:
+            compile_parallel(device, warm, fin)
+        elif not pend.done() or prepare.busy():
+            return _COMPILING
+        else:
+            del _RESUMING[key]
+            pend.wait()
+    _start_trial(device, key, fin, ms, weight, dict(stored))
+    calibration.COUNTERS["playoffs_resumed"] += 1
+    return _TRIALS[key]
 
 
 def _clock(device):

@@ -251,3 +251,63 @@ def test_on_a_gpu_the_faster_of_two_matmuls_is_picked_from_their_calls():
     assert settled and settled[0][0] == "small", settled
     med = settled[0][1]
     assert 2.0 < med["big"] / med["small"] < 8.0, med  # 4x the FLOPs
+
+
+class FakePending:
+    """kernels.prepare.Prepared of a background compile that finishes when the test says."""
+
+    def __init__(self, fns):
+        self.fns, self.finished, self.waited = dict(fns), False, False
+
+    def done(self):
+        return self.finished
+
+    def wait(self, timeout=None):
+        for fn in self.fns.values():
+            fn()
+        self.waited = True
+
+
+def test_a_playoff_left_unsettled_starts_again_in_the_next_process(tuner, monkeypatch):
+    alone = {A: 10.0, B: 10.1, D: 30.0}  # A and B tie alone; B is faster in the model
+    monkeypatch.setattr(T, "time_all", lambda device, fns: {c: alone[c] for c in fns})
+    clock = FakeClock({A: 10.0, B: 9.0, D: 30.0})
+    monkeypatch.setattr(T, "_clock", lambda device: clock)
+    gpu = torch.device("cuda")
+    warmed = []
+
+    def call(warm=None):
+        c = T.pick(gpu, "k|r", [A, B, D], run=lambda c: None, warm=warm, in_model=True)
+        clock.launch(c)
+        TR.end_call()
+        return c
+
+    n = TR.stretch_for(10.0)
+    for _ in range(n + 2):  # the run ends in B's first turn: the record keeps the first pass's pick
+        call()
+    assert tuner["k|r"]["playoff"] == T.IN_MODEL and tuner["k|r"]["config"] == list(A)
+    # a new process: the finalists compile in the background first, the stored pick running meanwhile
+    T.reset()
+    monkeypatch.setattr(T, "time_all", lambda *a: pytest.fail("nothing is timed alone again"))
+    monkeypatch.setattr(T.prepare, "available", lambda: True)
+    monkeypatch.setattr(T.prepare, "busy", lambda: False)
+    pending = []
+    monkeypatch.setattr(T.prepare, "prepare", lambda fns: pending.append(FakePending(fns)) or pending[-1])
+    resumed = C.COUNTERS["playoffs_resumed"]
+    marks = clock.marks
+    assert [call(warmed.append) for _ in range(3)] == [A] * 3 and clock.marks == marks
+    assert len(pending) == 1 and set(pending[0].fns) == {A, B} and "k|r" not in T._TRIALS
+    pending[0].finished = True
+    runs = [call(warmed.append) for _ in range(2 * TR.MIN_TURNS * n + 1)]
+    assert pending[0].waited and warmed == [A, B]  # both finalists compiled before their turns
+    assert runs[:2 * TR.MIN_TURNS * n] == ([A] * n + [B] * n) * TR.MIN_TURNS and runs[-1] == B
+    assert C.COUNTERS["playoffs_resumed"] == resumed + 1
+    rec = tuner["k|r"]
+    assert rec["config"] == list(B) and "playoff" not in rec and set(rec["playoff_in_model_ms"]) == {
+        "128,64,4,3,0", "64,64,4,3,0"}
+    # the process after: the settled pick, nothing run again
+    T.reset()
+    assert call() == B and "k|r" not in T._TRIALS and T.cache()["k|r"] == B
+    # a record that names no close finalists is the pick as it is
+    tuner["k|x"] = {"config": list(D), "playoff": T.IN_MODEL, "candidates_ms": {"128,128,8,3,1": 30.0}}
+    assert T.pick(gpu, "k|x", [A, B, D], run=lambda c: None, in_model=True) == D and T.cache()["k|x"] == D
