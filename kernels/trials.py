@@ -132,8 +132,9 @@ class Trial:
             self._settle(*finished)
             return self.best
         c, timed = nxt
-        if timed:
-            _local.pending = (self, c, self.clock.mark())
+        # every call of a turn is pending until end_call (a call that raised counts against its config);
+        # only the timed ones carry a start mark
+        _local.pending = (self, c, self.clock.mark() if timed else None)
         return c
 
     def _done(self) -> bool:
@@ -157,6 +158,8 @@ class Trial:
             self._lost[c] += 1
 
     def _end(self, c, start) -> None:
+        if start is None:  # an untimed call of a turn's first half
+            return
         end = self.clock.mark()
         with self._lock:
             if not self.settled:

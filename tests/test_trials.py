@@ -98,12 +98,14 @@ def test_graph_capture_and_preparing_runs_are_not_timed_and_a_failed_call_is_dro
     assert sum(len(s) for s in trial.samples.values()) + len(trial._inflight) == 1
 
 
-def test_a_finalist_whose_calls_raise_leaves_the_trial():
+@pytest.mark.parametrize("stretch", [1, 4])
+def test_a_finalist_whose_calls_raise_leaves_the_trial(stretch):
+    # also where its calls raise in a turn's untimed first half
     clock = FakeClock({A: 10.0, B: 9.0})
     settled = []
-    trial = TR.Trial([A, B], None, lambda best, med: settled.append((best, med)), clock)
+    trial = TR.Trial([A, B], None, lambda best, med: settled.append((best, med)), clock, stretch=stretch)
     runs = []
-    for _ in range(2 * TR.SAMPLES + 4):
+    for _ in range(2 * TR.SAMPLES * stretch + 4):
         c = trial.next()
         runs.append(c)
         if c == B:
