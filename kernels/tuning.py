@@ -247,7 +247,7 @@ def _start_trial(device, key: str, fin: list, ms: dict, weight: Optional[Callabl
 
 
 _COMPILING = object()  # _resume_trial: the finalists still compile in the background
-_RESUMING: dict = {}    # store key -> the background compile of a resumed playoff's finalists
+_RESUMING: dict = {}    # store key -> (the background compile of a resumed playoff's finalists, them, their ms)
 
 
 def _resume_trial(device, key: str, cands: list, stored: dict, warm: Optional[Callable],
@@ -258,29 +258,29 @@ def _resume_trial(device, key: str, cands: list, stored: dict, warm: Optional[Ca
     nothing timed alone. The finalists compile in the background first (``warm``), the stored pick running
     meanwhile (:data:`_COMPILING`). The trial, _COMPILING, or None where the record names no finalists.
     Under _LOCK."""
-    ms = {}
-    for name, t in (stored.get("candidates_ms") or {}).items():
-        try:
-            c = tuple(int(x) for x in str(name).split(","))
-        except ValueError:
-            continue
-        if c in cands and isinstance(t, (int, float)) and t > 0:
-            ms[c] = [float(t)]
-    fin = _finalists(ms, weight, family)
-    if not fin:
-        return None
-    if warm is not None:
-        pend = _RESUMING.get(key)
-        if pend is None and prepare.available():
-            _RESUMING[key] = prepare.prepare({c: functools.partial(warm, c) for c in fin})
+    if key in _RESUMING:  # its finalists compile: done yet?
+        pend, fin, ms = _RESUMING[key]
+        if not pend.done() or prepare.busy():
             return _COMPILING
-        if pend is None:
+        del _RESUMING[key]
+        pend.wait()
+    else:
+        ms = {}
+        for name, t in (stored.get("candidates_ms") or {}).items():
+            try:
+                c = tuple(int(x) for x in str(name).split(","))
+            except ValueError:
+                continue
+            if c in cands and isinstance(t, (int, float)) and t > 0:
+                ms[c] = [float(t)]
+        fin = _finalists(ms, weight, family)
+        if not fin:
+            return None
+        if warm is not None and prepare.available():
+            _RESUMING[key] = (prepare.prepare({c: functools.partial(warm, c) for c in fin}), fin, ms)
+            return _COMPILING
+        if warm is not None:
             compile_parallel(device, warm, fin)
-        elif not pend.done() or prepare.busy():
-            return _COMPILING
-        else:
-            del _RESUMING[key]
-            pend.wait()
     _start_trial(device, key, fin, ms, weight, dict(stored))
     calibration.COUNTERS["playoffs_resumed"] += 1
     return _TRIALS[key]
