@@ -1,8 +1,8 @@
 """The block-config playoff run in the model's own calls, timed with CUDA events.
 
 kernels/tuning.py ranks a key's block configs by timing each alone (after an L2 flush, behind a GPU
-spin), and where the best two (or the best of another kernel variant) come within PLAYOFF_WITHIN of
-each other it holds a playoff: configs that tie alone can differ by 8-10 % under load (the 8-bit
+spin), and where the best two come within PLAYOFF_WITHIN of each other (or the best of another kernel
+variant within FAMILY_WITHIN of the best) it holds a playoff: configs that tie alone can differ by 8-10 % under load (the 8-bit
 attention at HunyuanVideo's and WAN's shapes, 2026-11-24/25). Timed in synthetic bursts of about
 150 ms, three rounds, that playoff was about 1 s of a cold HunyuanVideo step on an H100 (2026-11-26).
 
