@@ -170,15 +170,8 @@ def settle(call, max_s: float = 60.0, gemm_ms: float = 1.0):
     2026-11-26: about 0.4 ms of host time a call, and the GPU idle between the events.)"""
     import time
     from tritonkit.kernels import tuning
-    n = 4096
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(4):
-        a @ a
-    e1.record()
-    e1.synchronize()
-    reps = max(1, round(gemm_ms / max(e0.elapsed_time(e1) / 4, 1e-3)))
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    reps = max(1, round(gemm_ms / max(C.cuda_timer(lambda: a @ a), 1e-3)))
     t0 = time.perf_counter()
     while tuning.unsettled() and time.perf_counter() - t0 < max_s:
         for _ in range(reps):
