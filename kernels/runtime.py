@@ -1,6 +1,7 @@
 """How a Triton kernel of this pack gets launched on the tensors it is given.
 
-* CUDA tensors: the normal JIT path.
+* CUDA tensors: the normal JIT path (a launch repeated under a caller's plan key goes straight to the
+  compiled kernel's launcher: kernels/fast_launch.py).
 * CPU tensors: the triton-cpu backend when it is installed (``TRITON_CPU_BACKEND=1``),
   otherwise the Triton interpreter (``triton.runtime.interpreter.InterpretedFunction``),
   which runs the same kernel source in numpy. The interpreter is how CI checks numerics
@@ -18,6 +19,8 @@ import threading
 
 import torch
 import triton
+
+from . import fast_launch
 
 # Tests and CPU-only users can ask for the Triton path on CPU tensors (through the
 # interpreter) in the model-patching nodes, which otherwise fall back to torch on CPU.
@@ -123,16 +126,20 @@ def kernel_for(jit_fn, device_type: str):
 PREPARING: contextvars.ContextVar = contextvars.ContextVar("tritonkit_preparing", default=None)
 
 
-def launch(kernel, grid, *args, warmup: bool = False, **kwargs):
+def launch(kernel, grid, *args, warmup: bool = False, plan=None, **kwargs):
     """``kernel[grid](*args, **kwargs)``; with ``warmup`` (or while a calibration prepares its
     candidates) the kernel is only compiled for these arguments, nothing runs. ``kernel`` comes from
-    :func:`kernel_for`: an interpreted one has no compile step and always runs."""
+    :func:`kernel_for`: an interpreted one has no compile step and always runs. ``plan``: a key that
+    determines everything these arguments specialise on (CUDA tensors only): a launch made before under
+    it skips Triton's dispatch (kernels/fast_launch.py)."""
     prepared = PREPARING.get()
     if (warmup or prepared is not None) and hasattr(kernel, "run"):
         compiled = kernel.run(*args, grid=grid, warmup=True, **kwargs)
         if prepared is not None:
             prepared.append(compiled)
         return compiled
+    if plan is not None and hasattr(kernel, "run"):
+        return fast_launch.launch(kernel, grid, args, kwargs, plan)
     return kernel[grid](*args, **kwargs)
 
 
