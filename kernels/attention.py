@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import attention_hopper, calibration, prepare, trials, tuning
+from . import attention_hopper, calibration, fast_launch, prepare, trials, tuning
 from .device import capability
 from .runtime import INTERPRETER_LOCK, cdiv, eager_plain, kernel_for, next_pow2
 from .runtime import launch as launch_kernel
@@ -952,6 +952,15 @@ def _tma_view(k4, v4, B, Hk, Lk, D, bhld):
 
 def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None, out=None, pv="auto", arch=0):
     dev = q.device
+    replay_key = None
+    if (cfg is None and out is None and mask is None and dev.type == "cuda" and q.stride(-1) == 1
+            and k.stride(-1) == 1 and v.stride(-1) == 1 and fast_launch.enabled()):
+        replay_key = _replay_key(q, k, v, heads, bhld, out_bhld, scale, int8, causal, pv, arch)
+        r = _REPLAYS.get(replay_key)
+        if r is not None:
+            o = _replay(r, q, k, v, heads, bhld)
+            if o is not None:
+                return o
     q4, B, H, Lq, D, sq = _split(q, heads, bhld)
     hk_guess = heads if bhld else (k.shape[-1] // D if D else heads)
     k4, Bk, Hk, Lk, Dk, sk = _split(k, hk_guess, bhld)
@@ -1030,67 +1039,23 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
         call_key = (dev.index, q.dtype, B, H, Hk, Lq, Lk, D, sq, sk, sv, so, bhld, out_bhld, sm_scale, int8,
                     bool(causal), pv, cc, q4.data_ptr() % 16, k4.data_ptr() % 16, v4.data_ptr() % 16,
                     o.data_ptr() % 16)
+    ctx = _Ctx(int8, B, H, Hk, Lq, Lk, D, block_d, sm_scale, sq, sk, sv, so, ms, kind, bool(causal), dot_f32,
+               int64, align8, kern)
+    views = (q4, k4, v4, v_view, tma_view, q_view)
 
     def run(c, o_out, warmup=False):
-        bm, bn, nw, ns, variant = c
-        plan = None if call_key is None or o_out is not o else (call_key, c)
-        lk = launch_kernel if plan is None else functools.partial(launch_kernel, plan=plan)
-        if int8 and variant in (G8_HALF, G8_FP8):
-            fp8 = variant == G8_FP8
-            qa, qs_, ka, ks_, vf, vamax = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
-                                                        sm_scale * LOG2E, bn, fp8, warmup, perm_v=fp8, plan=plan)
-            attention_hopper.launch8(qa, qs_, ka, ks_, vf if fp8 else v_view, vamax, o_out, so, B, H, Hk, Lq, Lk,
-                                     D, c[:4], lk, warmup)
-            return
-        if not int8 and variant in GLUON_VARIANTS:
-            attention_hopper.launch(q_view, tma_view, o_out, so, B, H, Hk, Lq, Lk, D, sm_scale, c[:4],
-                                    lk, warmup, ws=_GLUON_WS[variant])
-            return
-        pv_mode = variant if int8 else 0
-        ws = not int8 and variant == TMA_WS
-        va, sva, vs_ = v4, sv, None
-        kd = vd = qd = o_out  # unused pointers unless TMA
-        tma = qtma = (0, 0, 0)
-        if not int8 and variant != TMA_OFF:
-            from triton.tools.tensor_descriptor import TensorDescriptor
-            k2, v2, tma = tma_view
-            kd = TensorDescriptor.from_tensor(k2, [bn, block_d])
-            vd = TensorDescriptor.from_tensor(v2, [bn, block_d])
-            if q_view is not None:
-                qd = TensorDescriptor.from_tensor(q_view[0], [bm, block_d])
-                qtma = q_view[1]
-        if int8:
-            # the whole pre-pass runs per config (K's block scales follow BLOCK_N), so a timed
-            # candidate costs what one call with it costs
-            qa, qs_, ka, ks_, vf, vamax = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
-                                                        sm_scale * LOG2E, bn, pv_mode == 1, warmup, plan=plan)
-            if pv_mode == 1:
-                va, sva, vs_ = vf, (vf.stride(0), vf.stride(1), vf.stride(2)), vamax
-            sqa, ska = (qa.stride(0), qa.stride(1), qa.stride(2)), (ka.stride(0), ka.stride(1), ka.stride(2))
-            qss, kss = (qs_.stride(0), qs_.stride(1)), (ks_.stride(0), ks_.stride(1))
-        else:
-            qa, ka, sqa, ska = q4, k4, sq, sk
-            qs_ = ks_ = o_out  # unused pointers
-            qss = kss = (0, 0)
-        grid = (cdiv(Lq, bm) * B * H,)
-        launch_kernel(
-            kern, grid, qa, ka, va, o_out, m4 if m4 is not None else o_out, qs_, ks_,
-            vs_ if vs_ is not None else o_out, kd, vd, qd,
-            sm_scale, Lq, Lk, H, H // Hk, tma[0], tma[1], tma[2], qtma[0], qtma[1], qtma[2],
-            sqa[0], sqa[1], sqa[2], ska[0], ska[1], ska[2], sva[0], sva[1], sva[2],
-            so[0], so[1], so[2], ms[0], ms[1], ms[2], ms[3],
-            qss[0], qss[1], kss[0], kss[1],
-            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn,
-            MASK_KIND=kind, IS_CAUSAL=bool(causal), INT8=bool(int8), DOT_F32=dot_f32, INT64=int64,
-            ALIGN8=align8, PV_MODE=pv_mode, USE_TMA=kd is not o_out, WARP_SPEC=ws, Q_TMA=qd is not o_out,
-            num_warps=nw, num_stages=ns,
-            warmup=warmup, plan=plan)
+        _run(ctx, c, views, o_out, m4, warmup, None if call_key is None or o_out is not o else (call_key, c))
 
     if cfg is None:
+        skey = config_key(cc, q.dtype, block_d, int8, kind, causal, Lq, Lk, variants, B * H, q_view is not None)
+        settled = tuning.cache().get(skey) if cc is not None else None
         cfg = choose_config(dev, cc, q.dtype, block_d, int8, kind, causal, Lq, Lk, run, o, variants, B * H,
                             q_tma=q_view is not None)
         run(cfg, o)
         trials.end_call()  # where the config's playoff runs in the model's calls, this call is timed
+        if replay_key is not None and settled is not None and settled == cfg:
+            _remember(replay_key, _Replay(ctx, skey, settled, (call_key, settled), shape, o.data_ptr() % 16,
+                                          q_view is not None))
         return o
     if len(cfg) == 4:
         cfg = tuple(cfg) + (variants[0],)  # an explicit block config runs the default variant
@@ -1099,6 +1064,156 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
                          "no mask, not causal, and Q / K / V foldable into 16-byte-aligned 2-D views)")
     run(cfg, o)
     return o
+
+
+class _Ctx:
+    """What a call's launches need besides its tensors: the scalars its shapes, strides, dtype and
+    arguments give. It holds no tensor, so a stored call (:class:`_Replay`) keeps none alive."""
+    __slots__ = ("int8", "B", "H", "Hk", "Lq", "Lk", "D", "block_d", "sm_scale", "sq", "sk", "sv", "so", "ms",
+                 "kind", "causal", "dot_f32", "int64", "align8", "kern")
+
+    def __init__(self, *values):
+        for name, value in zip(self.__slots__, values):
+            setattr(self, name, value)
+
+
+def _run(x, c, views, o_out, m4, warmup=False, plan=None):
+    """The launches of one call with config ``c`` = (BLOCK_M, BLOCK_N, num_warps, num_stages, variant):
+    ``x`` its :class:`_Ctx`, ``views`` (q4, k4, v4, V's 2-D view, K / V's 2-D views, Q's 2-D view), the
+    mask ``m4`` or None; with ``warmup`` compiled only; ``plan`` the launches' plan key (runtime.launch)."""
+    q4, k4, v4, v_view, tma_view, q_view = views
+    int8, B, H, Hk, Lq, Lk, D, block_d = x.int8, x.B, x.H, x.Hk, x.Lq, x.Lk, x.D, x.block_d
+    sm_scale, sq, sk, sv, so, ms = x.sm_scale, x.sq, x.sk, x.sv, x.so, x.ms
+    bm, bn, nw, ns, variant = c
+    lk = launch_kernel if plan is None else functools.partial(launch_kernel, plan=plan)
+    if int8 and variant in (G8_HALF, G8_FP8):
+        fp8 = variant == G8_FP8
+        qa, qs_, ka, ks_, vf, vamax = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
+                                                    sm_scale * LOG2E, bn, fp8, warmup, perm_v=fp8, plan=plan)
+        attention_hopper.launch8(qa, qs_, ka, ks_, vf if fp8 else v_view, vamax, o_out, so, B, H, Hk, Lq, Lk,
+                                 D, c[:4], lk, warmup)
+        return
+    if not int8 and variant in GLUON_VARIANTS:
+        attention_hopper.launch(q_view, tma_view, o_out, so, B, H, Hk, Lq, Lk, D, sm_scale, c[:4],
+                                lk, warmup, ws=_GLUON_WS[variant])
+        return
+    pv_mode = variant if int8 else 0
+    ws = not int8 and variant == TMA_WS
+    va, sva, vs_ = v4, sv, None
+    kd = vd = qd = o_out  # unused pointers unless TMA
+    tma = qtma = (0, 0, 0)
+    if not int8 and variant != TMA_OFF:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        k2, v2, tma = tma_view
+        kd = TensorDescriptor.from_tensor(k2, [bn, block_d])
+        vd = TensorDescriptor.from_tensor(v2, [bn, block_d])
+        if q_view is not None:
+            qd = TensorDescriptor.from_tensor(q_view[0], [bm, block_d])
+            qtma = q_view[1]
+    if int8:
+        # the whole pre-pass runs per config (K's block scales follow BLOCK_N), so a timed
+        # candidate costs what one call with it costs
+        qa, qs_, ka, ks_, vf, vamax = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
+                                                    sm_scale * LOG2E, bn, pv_mode == 1, warmup, plan=plan)
+        if pv_mode == 1:
+            va, sva, vs_ = vf, (vf.stride(0), vf.stride(1), vf.stride(2)), vamax
+        sqa, ska = (qa.stride(0), qa.stride(1), qa.stride(2)), (ka.stride(0), ka.stride(1), ka.stride(2))
+        qss, kss = (qs_.stride(0), qs_.stride(1)), (ks_.stride(0), ks_.stride(1))
+    else:
+        qa, ka, sqa, ska = q4, k4, sq, sk
+        qs_ = ks_ = o_out  # unused pointers
+        qss = kss = (0, 0)
+    grid = (cdiv(Lq, bm) * B * H,)
+    launch_kernel(
+        x.kern, grid, qa, ka, va, o_out, m4 if m4 is not None else o_out, qs_, ks_,
+        vs_ if vs_ is not None else o_out, kd, vd, qd,
+        sm_scale, Lq, Lk, H, H // Hk, tma[0], tma[1], tma[2], qtma[0], qtma[1], qtma[2],
+        sqa[0], sqa[1], sqa[2], ska[0], ska[1], ska[2], sva[0], sva[1], sva[2],
+        so[0], so[1], so[2], ms[0], ms[1], ms[2], ms[3],
+        qss[0], qss[1], kss[0], kss[1],
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn,
+        MASK_KIND=x.kind, IS_CAUSAL=x.causal, INT8=bool(int8), DOT_F32=x.dot_f32, INT64=x.int64,
+        ALIGN8=x.align8, PV_MODE=pv_mode, USE_TMA=kd is not o_out, WARP_SPEC=ws, Q_TMA=qd is not o_out,
+        num_warps=nw, num_stages=ns,
+        warmup=warmup, plan=plan)
+
+
+# ----------------------------------------------------------------------------- replay
+
+# A call whose shape class has a settled config (every call of a model's step after its first) is stored
+# here by everything its launches derive from (shapes, strides, dtype, 16-byte alignments, the call's
+# arguments): the next such call re-derives only its tensors' views and launches, directly (runtime.launch's
+# plan). The checks, the mask, the variants, the config key and the launch arguments of the first call stand
+# for it. At SDXL's and Flux's sizes that was most of a call's 0.13-0.22 ms of host time on an H100 machine
+# (2026-11-27), where SDPA's call takes 0.025-0.04 ms. CUDA, no mask, no ``out``, no explicit config;
+# ``TRITONKIT_FAST_LAUNCH=0`` turns it off with the direct launches.
+MAX_REPLAYS = 256
+_REPLAYS: dict = {}
+REPLAY_COUNTERS = {"replayed": 0, "stored": 0}
+
+
+class _Replay:
+    __slots__ = ("ctx", "skey", "cfg", "plan", "o_shape", "o_align", "q_tma")
+
+    def __init__(self, ctx, skey, cfg, plan, o_shape, o_align, q_tma):
+        self.ctx, self.skey, self.cfg, self.plan = ctx, skey, cfg, plan
+        self.o_shape, self.o_align, self.q_tma = o_shape, o_align, q_tma
+
+
+def _remember(key, r) -> None:
+    if len(_REPLAYS) >= MAX_REPLAYS:
+        _REPLAYS.clear()
+    _REPLAYS[key] = r
+    REPLAY_COUNTERS["stored"] += 1
+
+
+def _replay_key(q, k, v, heads, bhld, out_bhld, scale, int8, causal, pv, arch):
+    return (q.device.index, q.dtype, k.dtype, v.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape,
+            v.stride(), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, heads, bhld, out_bhld, scale,
+            int8, causal, pv, arch, os.environ.get(TMA_ENV))
+
+
+def _replay(r, q, k, v, heads, bhld):
+    """The output of a stored call's launches on these tensors, or None where the stored call no longer
+    stands for them (its shape class's config changed): the caller then takes the full path."""
+    if tuning.cache().get(r.skey) != r.cfg:
+        return None
+    x = r.ctx
+    if bhld:
+        q4, k4, v4 = q, k, v
+    else:
+        try:
+            q4, k4, v4 = (t.view(x.B, t.shape[1], -1, x.D) for t in (q, k, v))
+        except RuntimeError:  # strides that need a copy (as _split makes): the full path
+            return None
+    variant = r.cfg[4]
+    v_view = tma_view = q_view = None
+    if x.int8:
+        if variant == G8_HALF:
+            v_view = _tma_view2d(v4, x.B, x.Hk, x.Lk, x.D, bhld)
+            if v_view is None:
+                return None
+    elif variant != TMA_OFF:
+        tma_view = _tma_view(k4, v4, x.B, x.Hk, x.Lk, x.D, bhld)
+        if r.q_tma:
+            q_view = _tma_view2d(q4, x.B, x.H, x.Lq, x.D, bhld)
+        if tma_view is None or (r.q_tma and q_view is None):
+            return None
+    o = torch.empty(r.o_shape, dtype=q.dtype, device=q.device)
+    if o.data_ptr() % 16 != r.o_align:
+        return None
+    _run(x, r.cfg, (q4, k4, v4, v_view, tma_view, q_view), o, None, False, r.plan)
+    REPLAY_COUNTERS["replayed"] += 1
+    return o
+
+
+def config_key(cc, dtype, block_d, int8, kind, causal, Lq, Lk, variants, bh, q_tma) -> str:
+    """The tuning key of a call's block config (kernels/tuning.py): see :func:`choose_config`."""
+    label = ("int8-pv" if int8 else "exact-v") + "".join(str(v) for v in variants)
+    if not int8 and tuple(variants) != (TMA_OFF,) and not q_tma:
+        label += "-kv"  # TMA for K / V only: its own candidates (_table)
+    return (f"attn_config|{cc}|{dtype}|{block_d}|{label}|{kind}|{bool(causal)}|"
+            f"{_pow2_bucket(Lq)}|{_pow2_bucket(Lk)}|bh{next_pow2(max(1, min(int(bh), 1024)))}")
 
 
 def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None, o=None, variants=(0,),
@@ -1112,11 +1227,7 @@ def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None,
     variants = tuple(variants)
     if cc is None:
         return CPU_CONFIG + (variants[0],)
-    label = ("int8-pv" if int8 else "exact-v") + "".join(str(v) for v in variants)
-    if not int8 and variants != (TMA_OFF,) and not q_tma:
-        label += "-kv"  # TMA for K / V only: its own candidates (_table)
-    skey = (f"attn_config|{cc}|{dtype}|{block_d}|{label}|{kind}|{bool(causal)}|"
-            f"{_pow2_bucket(Lq)}|{_pow2_bucket(Lk)}|bh{next_pow2(max(1, min(int(bh), 1024)))}")
+    skey = config_key(cc, dtype, block_d, int8, kind, causal, Lq, Lk, variants, bh, q_tma)
     if run is not None:
         hit = tuning.cache().get(skey)  # every call after the first of its shape class
         if hit is not None:

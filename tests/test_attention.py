@@ -544,6 +544,66 @@ def test_cuda_8bit_variants_meet_the_accuracy_goal(shape, kind, pv, poison):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", A.MODES)
+@pytest.mark.parametrize("layout,shape", [("bld", (2, 10, 1024, 64)), ("bhld", (1, 6, 1500, 128)),
+                                          ("bld", (2, 5, 700, 40))])
+def test_cuda_replayed_calls_match_the_full_path(layout, shape, mode, monkeypatch):
+    """Once a shape class's config is settled, a call with new tensors of the same shapes replays the first
+    call's launches (attention._replay): the same bits as the full path on the same inputs, near float64;
+    a changed pick, a mask and TRITONKIT_FAST_LAUNCH=0 take the full path."""
+    from tritonkit.kernels import fast_launch, tuning
+    B, H, L, D = shape
+    gen = torch.Generator(device="cuda").manual_seed(5)
+
+    def inputs():
+        dims = (B, H, L, D) if layout == "bhld" else (B, L, H * D)
+        return [torch.randn(*dims, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3)]
+
+    def call(qkv, mask=None):
+        return A.attention(*qkv, H, layout=layout, mode=mode, mask=mask)
+
+    tuning.reset()  # this process's picks forgotten, as in a new process (other tests leave playoffs going)
+    for _ in range(400):  # the first pass and any playoff in the calls
+        call(inputs())
+        if not tuning.unsettled():
+            break
+    torch.cuda.synchronize()
+    assert not tuning.unsettled()
+    x, y = inputs(), inputs()
+    monkeypatch.setenv(fast_launch.ENV, "0")
+    full = call(x)
+    monkeypatch.setenv(fast_launch.ENV, "1")
+    call(y)  # stores the replay (a settled config)
+    before = dict(A.REPLAY_COUNTERS)
+    replayed = call(x)
+    torch.cuda.synchronize()
+    assert A.REPLAY_COUNTERS["replayed"] == before["replayed"] + 1
+    assert torch.equal(replayed, full)
+    ref = A.attention_reference(*x, H, layout=layout).to(torch.float32)
+    cos = torch.nn.functional.cosine_similarity(replayed.float().flatten(), ref.flatten(), dim=0)
+    assert torch.isfinite(replayed).all() and cos > (0.999 if mode == "int8" else 0.9999), float(cos)
+    # a mask: the full path (the replay is for unmasked calls)
+    keep = torch.ones(L, dtype=torch.bool, device="cuda")
+    keep[-7:] = False
+    n = A.REPLAY_COUNTERS["replayed"]
+    masked = call(x, mask=keep)
+    assert A.REPLAY_COUNTERS["replayed"] == n
+    mref = A.attention_reference(*x, H, layout=layout, mask=keep).to(torch.float32)
+    assert torch.nn.functional.cosine_similarity(masked.float().flatten(), mref.flatten(), dim=0) > 0.999
+    # a changed pick: the full path, which runs the new pick
+    key = next(k for k, r in A._REPLAYS.items() if r.cfg == tuning.cache().get(r.skey) and k[4] == x[0].shape)
+    r = A._REPLAYS[key]
+    others = [c for c in A.variant_candidates(A._device_cc(x[0].device), r.ctx.block_d, 2, r.ctx.int8,
+                                              (r.cfg[4],), r.q_tma) if c != r.cfg]
+    if others:
+        monkeypatch.setitem(tuning.cache(), r.skey, others[0])
+        again = call(x)
+        assert A.REPLAY_COUNTERS["replayed"] == n
+        cos = torch.nn.functional.cosine_similarity(again.float().flatten(), ref.flatten(), dim=0)
+        assert cos > (0.999 if mode == "int8" else 0.9999)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tma", ["1", "ws"])
 def test_cuda_exact_tma_path(tma, poison, monkeypatch):
     # the opt-in TMA loads (sm90+; elsewhere this runs the pointer path and checks the same)
