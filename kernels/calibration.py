@@ -582,6 +582,14 @@ def pick_fastest(timings: dict, default: str, prefer: Optional[str] = None,
     return best
 
 
+def settled(dkey: str, key: str) -> Optional[str]:
+    """The choice for ``key`` on the device named ``dkey`` (``str(torch.device)``) where it is final in this
+    process (chosen or stored, its kernels loaded: what :func:`choose` returns at once from then on), else
+    None. For callers that remember a decision made from it (nodes/attention.py)."""
+    k = (dkey, key)
+    return _CHOICES.get(k) if k in _READY else None
+
+
 def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
            prefer: Optional[str] = None, skip: Optional[Callable[[], dict]] = None,
            interim: Optional[str] = None) -> str:

@@ -52,6 +52,7 @@ class Calls:
 def fresh(monkeypatch):
     N.reset_stats()
     N._logged.clear()
+    N._memo.clear()
     monkeypatch.delenv(FORCE, raising=False)
     yield
 
@@ -195,6 +196,52 @@ def test_kernel_error_falls_back(monkeypatch):
         N.make_override("exact")(func, q, k, v, 2)
     assert func.n == 2
     assert list(N.stats()["reasons"]) == ["kernel error (RuntimeError: PassManager::run failed)"]
+
+
+def test_a_repeated_call_reuses_its_decision_until_a_key_part_changes(monkeypatch):
+    planned = []
+    real = N.plan
+    monkeypatch.setattr(N, "plan", lambda *a, **kw: planned.append(a[0]) or real(*a, **kw))
+    ov = N.make_override("exact")
+    func = Calls()
+    q, k, v = qkv()
+    for _ in range(3):  # new tensors of the same shapes each call, as a model's steps make them
+        out = ov(func, q.clone(), k.clone(), v.clone(), 2, transformer_options={"n": 1})
+        assert torch.equal(out, sdpa_backend(q, k, v, 2))
+    assert planned == ["exact"] and func.n == 3 and N.stats()["fallback"] == 3
+    ov(func, *qkv(L=30), 2)  # another shape
+    ov(func, q, k, v, 2, skip_output_reshape=True)  # another argument
+    ov(func, q, k, v, 2, mask=torch.ones(24, 24, dtype=torch.bool))  # a mask: decided every call
+    ov(func, q, k, v, 2, mask=torch.ones(24, 24, dtype=torch.bool))
+    assert planned == ["exact"] * 5
+    monkeypatch.setenv(FORCE, "1")  # the environment is part of the key: now the kernel serves
+    out = ov(func, q, k, v, 2)
+    assert planned == ["exact"] * 6 and N.stats()["served_exact"] == 1 and func.n == 7
+    torch.testing.assert_close(out, sdpa_backend(q, k, v, 2), rtol=1e-3, atol=1e-3)
+
+
+def test_auto_keeps_a_decision_only_while_its_calibration_choice_is_final(monkeypatch):
+    monkeypatch.setenv(FORCE, "1")
+    final, asked = {}, []
+    monkeypatch.setattr(N.calib.C, "settled", lambda dkey, key: asked.append(key) or final.get(key))
+    decided = []
+    real = N._auto_choice
+    monkeypatch.setattr(N, "_auto_choice", lambda *a, **kw: decided.append(1) or real(*a, **kw))
+    ov = N.make_override("auto")
+    func = Calls()
+    q, k, v = qkv(dtype=torch.float16)
+    ov(func, q, k, v, 2)
+    ov(func, q, k, v, 2)
+    assert len(decided) == 2  # no final choice on the CPU: decided each call
+    [key] = set(asked)  # the call's calibration key
+    assert key.startswith("attention|cpu|")
+    final[key] = "exact"  # as when the calibration has chosen and its kernels are loaded
+    for _ in range(3):
+        ov(func, q, k, v, 2)
+    assert len(decided) == 3 and N.stats()["served_exact"] == 5
+    final[key] = "comfy"  # the choice changed (a new calibration): the kept decision no longer stands
+    ov(func, q, k, v, 2)
+    assert len(decided) == 4
 
 
 class FakePatcher:
