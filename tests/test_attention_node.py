@@ -331,6 +331,9 @@ def _install(server, arch):
     if arch == "sd15":
         info = tm.cached_models(tm.SD15_TINY_CONFIG, [(torch.float16, False)])[0]
         return tm.sd15_workflow, tm.install_model(info, server.base / "models")
+    if arch == "wan":
+        info = tm.cached_models(tm.WAN_TINY_CONFIG, [(torch.bfloat16, False)])[0]
+        return tm.wan_workflow, tm.install_model(info, server.base / "models")
     info = tm.cached_models(tm.FLUX_TINY_CONFIG, [(torch.bfloat16, False)])[0]
     return tm.flux_workflow, tm.install_model(info, server.base / "models")
 
@@ -360,12 +363,13 @@ def _sample(server, arch, mode, prefix):
 
 
 # SD-style UNet: 28 attention calls per 2 steps (head sizes 40/80, cross-attention over 77 tokens);
-# tiny Flux: 4 (head size 128, (B, H, L, D) layout).
-EXPECTED_CALLS = {"sd15": 28, "flux": 4}
+# tiny Flux: 4 (head size 128, (B, H, L, D) layout); tiny WAN: 4 (one block's self- and cross-attention, head 128,
+# (B, L, H·D) layout, heads passed by keyword).
+EXPECTED_CALLS = {"sd15": 28, "flux": 4, "wan": 4}
 
 
 @pytest.mark.comfyui
-@pytest.mark.parametrize("arch", ["sd15", "flux"])
+@pytest.mark.parametrize("arch", ["sd15", "flux", "wan"])
 def test_comfyui_cpu_falls_back_identically_logged_once(plain_server, arch):
     ref, counts0, d0, _ = _sample(plain_server, arch, None, f"{arch}_ref")
     assert counts0["attn"] == EXPECTED_CALLS[arch]
@@ -387,7 +391,7 @@ LATENT_TOL = {"exact": 2e-3, "8-bit": 5e-2}
 
 
 @pytest.mark.comfyui
-@pytest.mark.parametrize("arch", ["sd15", "flux"])
+@pytest.mark.parametrize("arch", ["sd15", "flux", "wan"])
 def test_comfyui_forced_triton_on_cpu_counts_every_call(forced_server, arch):
     ref, counts0, d0, _ = _sample(forced_server, arch, None, f"{arch}_ref")
     assert d0["served"] == 0 and counts0["attn"] == EXPECTED_CALLS[arch]

@@ -784,8 +784,9 @@ def _loads_comfy_quant() -> bool:
 
 
 @pytest.mark.comfyui
-@pytest.mark.parametrize("variant", ["fp8", "scaled", "quant"])
-def test_real_comfyui_sampling_through_the_kernels(forced_server, variant):
+@pytest.mark.parametrize("arch,variant", [("hunyuan", "fp8"), ("hunyuan", "scaled"), ("hunyuan", "quant"),
+                                          ("wan", "fp8"), ("wan", "scaled")])
+def test_real_comfyui_sampling_through_the_kernels(forced_server, arch, variant):
     """UNETLoader(weight_dtype fp8_e4m3fn, or a legacy scaled-fp8 file; on ComfyUI 0.8+ also a
     file with per-layer comfy_quant metadata mixing e4m3fn, e5m2 (with input scales) and bf16
     Linear layers, loaded as fp8_e4m3fn so that its norms and conv are legacy fp8 layers in the
@@ -794,7 +795,8 @@ def test_real_comfyui_sampling_through_the_kernels(forced_server, variant):
     unpatched run, and every fp8 layer of the model ran through our kernels. The model is the
     tiny HunyuanVideo: its double/single-stream blocks are Flux's own classes, and at 6 M
     parameters the interpreter gets through it (ComfyUI's Flux detection forces hidden 3072:
-    0.5 G fp8 weights per forward, hours in the interpreter)."""
+    0.5 G fp8 weights per forward, hours in the interpreter). WAN 2.1's tiny T2V model too (its
+    own block class: self- and cross-attention projections, the text and time embeddings, the FFN)."""
     import tiny_models as tm
     from safetensors import safe_open
 
@@ -802,7 +804,9 @@ def test_real_comfyui_sampling_through_the_kernels(forced_server, variant):
     if variant == "quant" and not _loads_comfy_quant():
         pytest.skip("this ComfyUI (< 0.8) does not load comfy_quant files")
     scaled = {"fp8": False, "scaled": True, "quant": "comfy_quant"}[variant]
-    info = tm.cached_models(tm.HUNYUAN_VIDEO_TINY_CONFIG, [(FP8, scaled)])[0]
+    cfg = tm.WAN_TINY_CONFIG if arch == "wan" else tm.HUNYUAN_VIDEO_TINY_CONFIG
+    workflow = tm.wan_workflow if arch == "wan" else tm.hunyuan_video_workflow
+    info = tm.cached_models(cfg, [(FP8, scaled)])[0]
     n_linear = _fp8_linear_weights(info["path"])
     assert n_linear > 10
     name = tm.install_model(info, srv.base / "models")
@@ -810,7 +814,7 @@ def test_real_comfyui_sampling_through_the_kernels(forced_server, variant):
     latents = {}
     log_start = len(srv.log())
     for label, patch in (("torch", []), ("triton", [("TritonKitFp8Fallback", {"mode": "auto"})])):
-        prompt = tm.hunyuan_video_workflow(name, dtype, patch_nodes=patch, steps=2, frames=2, prefix=f"{variant}_{label}")
+        prompt = workflow(name, dtype, patch_nodes=patch, steps=2, frames=2, prefix=f"{arch}_{variant}_{label}")
         entry = srv.run(prompt, timeout=400)
         stats = json.loads(entry["outputs"][tm.NODE_OUT]["tritonkit_latent"][0])
         assert stats["finite"], stats
@@ -829,7 +833,7 @@ def test_real_comfyui_sampling_through_the_kernels(forced_server, variant):
         assert q and int(q.group(1)) == n_linear, text
     if variant == "quant":
         fmts = collections.Counter(str(tm.quant_format(k, FP8)).replace("torch.float8_", "")
-                                   for k, _, kind in tm.specs_for(tm.HUNYUAN_VIDEO_TINY_CONFIG) if kind == "linear")
+                                   for k, _, kind in tm.specs_for(cfg) if kind == "linear")
         fmts.pop("None")
         assert q.group(2) == ", ".join(f"{k} {v}" for k, v in sorted(fmts.items())), text
         assert n_layers > n_linear, text  # its fp8 norms and conv: legacy fp8 layers, served too

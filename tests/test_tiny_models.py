@@ -83,9 +83,11 @@ def test_specs_equal_comfyui_model_parameters():
     ComfyUI's own class built from what model detection reads off our tensors."""
     cfgs = {"flux_tiny": tm.FLUX_TINY_CONFIG, "flux_dev": tm.FLUX_DEV_CONFIG,
             "hunyuan_video_tiny": tm.HUNYUAN_VIDEO_TINY_CONFIG, "hunyuan_video": tm.HUNYUAN_VIDEO_CONFIG,
-            "sd15_tiny": tm.SD15_TINY_CONFIG, "sd15": tm.SD15_CONFIG}
+            "sd15_tiny": tm.SD15_TINY_CONFIG, "sd15": tm.SD15_CONFIG, "wan_tiny": tm.WAN_TINY_CONFIG,
+            "wan_1_3b": tm.WAN21_1_3B_CONFIG, "wan_14b": tm.WAN21_14B_CONFIG}
     want_class = {"flux_tiny": "Flux", "flux_dev": "Flux", "hunyuan_video_tiny": "HunyuanVideo",
-                  "hunyuan_video": "HunyuanVideo", "sd15_tiny": "SD15", "sd15": "SD15"}
+                  "hunyuan_video": "HunyuanVideo", "sd15_tiny": "SD15", "sd15": "SD15", "wan_tiny": "WAN21_T2V",
+                  "wan_1_3b": "WAN21_T2V", "wan_14b": "WAN21_T2V"}
     script = Path(__file__).with_name("_tiny_models_meta_check.py")
     r = subprocess.run([sys.executable, str(script), str(comfyui_dir()), str(Path(__file__).parent), json.dumps(cfgs)],
                        capture_output=True, text=True, timeout=300, cwd=comfyui_dir())
@@ -94,7 +96,8 @@ def test_specs_equal_comfyui_model_parameters():
     for name, out in res.items():
         assert out["class"] == want_class[name], (name, out)
         assert out["missing"] == [] and out["unexpected"] == [] and out["shape_mismatch"] == [], (name, out)
-        assert out["detected"]["hidden_size" if "hidden_size" in out["detected"] else "model_channels"] > 0
+        dims = [out["detected"].get(k) for k in ("hidden_size", "model_channels", "dim")]
+        assert any(d and d > 0 for d in dims), (name, out)
 
 
 def test_presets_have_the_real_sizes():
@@ -228,6 +231,46 @@ def test_hunyuan_video(server, hv_files, variant, weight_dtype):
     # token refiner (2 blocks, text only), 1 double, 1 single block; 2 heads of 128.
     assert counts["counts"]["attn"] == 8 and counts["counts"]["attn.head_dim.128"] == 8, counts
     _assert_clean_load(server, name)
+
+
+@pytest.fixture(scope="module")
+def wan_files():
+    files = tm.cached_models(tm.WAN_TINY_CONFIG, [(torch.bfloat16, False), (FP8, False), (FP8, True)])
+    return dict(zip(("bf16", "fp8", "scaled"), files))
+
+
+WAN_LATENTS = {}
+
+
+@pytest.mark.parametrize("variant,weight_dtype", [("bf16", "default"), ("fp8", "fp8_e4m3fn"), ("scaled", "default")])
+def test_wan(server, wan_files, variant, weight_dtype):
+    """WAN 2.1 T2V, detected and sampled by ComfyUI: a 5-D latent, self- and cross-attention at head 128."""
+    info = wan_files[variant]
+    name = tm.install_model(info, server.base / "models")
+    start = len(server.log())
+    stats, latent, counts = _run(server, tm.wan_workflow(name, weight_dtype, frames=2,
+                                                         prefix=f"wan_{variant}_{weight_dtype}"), info)
+    log = server.log()[start:]
+    assert stats["finite"] and stats["shape"] == [1, 16, 2, 8, 8], stats
+    assert torch.isfinite(latent).all() and latent.std() > 0
+    WAN_LATENTS[(variant, weight_dtype)] = latent
+    if (variant, weight_dtype) != ("bf16", "default"):
+        if ("bf16", "default") not in WAN_LATENTS:
+            ref_name = tm.install_model(wan_files["bf16"], server.base / "models")
+            WAN_LATENTS[("bf16", "default")] = _run(server, tm.wan_workflow(
+                ref_name, "default", frames=2, prefix="wan_bf16_default_ref"), wan_files["bf16"],
+                count_name="unet_ref")[1]
+        ref = WAN_LATENTS[("bf16", "default")]
+        cos = torch.nn.functional.cosine_similarity(latent.flatten(), ref.flatten(), dim=0)
+        assert cos > 0.99, (variant, weight_dtype, float(cos))
+    if variant == "scaled":
+        assert _scaled_load_line(False) in log
+    assert counts["counts"]["unet"] == 2, counts
+    # 1 block, self- and cross-attention, 2 steps; 2 heads of 128; 2 x 4 x 4 = 32 video tokens, 8 text tokens
+    assert counts["counts"]["attn"] == 4 and counts["counts"]["attn.head_dim.128"] == 4, counts
+    assert {tuple(s["k"])[1] for s in counts["shapes"]["attn"]} == {32, 8}, counts
+    _assert_clean_load(server, name)
+    assert "WAN21" in log or "model_type FLOW" in log, log[-2000:]
 
 
 def test_sd15_unet(server):

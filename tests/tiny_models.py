@@ -2,7 +2,7 @@
 loads, tiny for CI and full-size for the GPU benchmark, plus API-format workflow builders.
 
 Nothing here imports ComfyUI: the key names and shapes below are written from ComfyUI's model
-classes (comfy/ldm/flux, comfy/ldm/hunyuan_video, openaimodel) and checked against them by
+classes (comfy/ldm/flux, comfy/ldm/hunyuan_video, comfy/ldm/wan, openaimodel) and checked against them by
 tests/test_tiny_models.py (a meta-device instance of ComfyUI's own class must have exactly
 these parameters).
 
@@ -16,6 +16,9 @@ What ComfyUI's detection fixes (comfy/model_detection.py, 0.3.75), and so what "
 * HunyuanVideo: ``num_heads = hidden_size // 128`` and axes_dim sums to 128, so the head size
   is 128 and the hidden size any multiple of 128; ``vec_in_dim`` is fixed 768 when vector_in
   exists. The tiny one is hidden 256 (2 heads of 128), 1 double + 1 single block.
+* WAN 2.1 (text-to-video): ``num_heads = dim // 128`` (head size 128), the patch (1, 2, 2), ``freq_dim`` 256
+  and ``text_dim`` 4096 are fixed; ``dim``, ``ffn_dim`` and the block count are read off the tensors. The tiny
+  one is dim 256 (2 heads), ffn 512, 1 block (its text embedding keeps the 4096-wide input: 2.5 M parameters).
 * SD1.5: model_channels 320 and context_dim 768 are required for the SD15 match, heads are
   fixed at 8 (``num_head_channels`` -1), so head size = channels / 8. The tiny UNet keeps 2
   levels (320, 640 channels: head sizes 40 and 80, the middle block at 640 also 80) with one
@@ -87,6 +90,14 @@ HUNYUAN_VIDEO_CONFIG = dict(arch="hunyuan_video", hidden_size=3072, num_heads=24
                             qkv_bias=True, guidance_embed=True, refiner_blocks=2)
 HUNYUAN_VIDEO_TINY_CONFIG = dict(HUNYUAN_VIDEO_CONFIG, hidden_size=256, num_heads=2, depth=1,
                                  depth_single_blocks=1, context_in_dim=32)
+
+# WAN 2.1 text-to-video (ComfyUI's WanModel, model_type "t2v"): detection reads dim, ffn_dim, the block count,
+# in/out channels; it fixes num_heads = dim // 128, patch (1, 2, 2), freq_dim 256, qk norms; text_dim stays the
+# class default 4096 (umT5-XXL's width). 14B: dim 5120, 40 heads, 40 blocks; 1.3B: dim 1536, 12 heads, 30 blocks.
+WAN21_14B_CONFIG = dict(arch="wan", dim=5120, ffn_dim=13824, num_layers=40, num_heads=40, in_channels=16,
+                        out_channels=16, text_dim=4096, freq_dim=256, patch_size=(1, 2, 2))
+WAN21_1_3B_CONFIG = dict(WAN21_14B_CONFIG, dim=1536, ffn_dim=8960, num_layers=30, num_heads=12)
+WAN_TINY_CONFIG = dict(WAN21_14B_CONFIG, dim=256, ffn_dim=512, num_layers=1, num_heads=2)
 
 # SD1.5 proper: channel_mult (1, 2, 4, 4), attention on the first 3 levels, 2 res blocks each.
 SD15_CONFIG = dict(arch="sd15", model_channels=320, channel_mult=(1, 2, 4, 4), num_res_blocks=2,
@@ -193,6 +204,41 @@ def hunyuan_video_specs(cfg: dict) -> list[tuple]:
     return out
 
 
+def _check_wan(cfg):
+    if cfg["dim"] % 128 or cfg["dim"] // cfg["num_heads"] != 128:
+        raise ValueError("ComfyUI's WAN detection sets num_heads = dim // 128: the head size must be 128")
+    if cfg["text_dim"] != 4096 or cfg["freq_dim"] != 256 or tuple(cfg["patch_size"]) != (1, 2, 2):
+        raise ValueError("ComfyUI's WAN detection fixes text_dim 4096, freq_dim 256 and patch (1, 2, 2)")
+
+
+def _wan_attention(p, h):
+    out = []
+    for n in ("q", "k", "v", "o"):
+        out += _linear(f"{p}.{n}", h, h)
+    out += [(f"{p}.norm_q.weight", (h,), "norm"), (f"{p}.norm_k.weight", (h,), "norm")]
+    return out
+
+
+def wan_specs(cfg: dict) -> list[tuple]:
+    """ComfyUI's WanModel keys (t2v; what Comfy-Org's repackaged WAN 2.1 files use)."""
+    _check_wan(cfg)
+    h, f, ps = cfg["dim"], cfg["ffn_dim"], tuple(cfg["patch_size"])
+    out = [("patch_embedding.weight", (h, cfg["in_channels"], *ps), "conv"), ("patch_embedding.bias", (h,), "bias")]
+    out += _linear("text_embedding.0", h, cfg["text_dim"]) + _linear("text_embedding.2", h, h)
+    out += _linear("time_embedding.0", h, cfg["freq_dim"]) + _linear("time_embedding.2", h, h)
+    out += _linear("time_projection.1", 6 * h, h)
+    for i in range(cfg["num_layers"]):
+        p = f"blocks.{i}"
+        out.append((f"{p}.modulation", (1, 6, h), "bias"))
+        out += _wan_attention(f"{p}.self_attn", h)
+        out += [(f"{p}.norm3.weight", (h,), "norm"), (f"{p}.norm3.bias", (h,), "norm_bias")]
+        out += _wan_attention(f"{p}.cross_attn", h)
+        out += _linear(f"{p}.ffn.0", f, h) + _linear(f"{p}.ffn.2", h, f)
+    out.append(("head.modulation", (1, 2, h), "bias"))
+    out += _linear("head.head", ps[0] * ps[1] * ps[2] * cfg["out_channels"], h)
+    return out
+
+
 def _groupnorm(prefix, c):
     return [(f"{prefix}.weight", (c,), "norm"), (f"{prefix}.bias", (c,), "norm_bias")]
 
@@ -265,7 +311,8 @@ def sd_unet_specs(cfg: dict) -> list[tuple]:
 
 
 def specs_for(cfg: dict) -> list[tuple]:
-    return {"flux": flux_specs, "hunyuan_video": hunyuan_video_specs, "sd15": sd_unet_specs}[cfg["arch"]](cfg)
+    return {"flux": flux_specs, "hunyuan_video": hunyuan_video_specs, "sd15": sd_unet_specs,
+            "wan": wan_specs}[cfg["arch"]](cfg)
 
 
 def param_count(cfg: dict) -> int:
@@ -363,6 +410,10 @@ def make_flux_state_dict(config: dict = FLUX_TINY_CONFIG, dtype=torch.bfloat16, 
 
 def make_hunyuan_video_state_dict(config: dict = HUNYUAN_VIDEO_TINY_CONFIG, dtype=torch.bfloat16, scaled_fp8=False,
                                   seed=0, device="cpu"):
+    return make_state_dict(config, dtype, scaled_fp8, seed, device)
+
+
+def make_wan_state_dict(config: dict = WAN_TINY_CONFIG, dtype=torch.bfloat16, scaled_fp8=False, seed=0, device="cpu"):
     return make_state_dict(config, dtype, scaled_fp8, seed, device)
 
 
@@ -471,6 +522,12 @@ def describe(cfg: dict, dtype=torch.bfloat16, scaled_fp8=False) -> dict:
         d["context_dim"] = cfg["context_in_dim"]
         d["vec_dim"] = cfg.get("vec_in_dim") or 0
         d["latent_dims"] = 3 if cfg["arch"] == "hunyuan_video" else 2
+    elif cfg["arch"] == "wan":
+        d["head_dim"] = cfg["dim"] // cfg["num_heads"]
+        d["head_dims"] = [d["head_dim"]]
+        d["context_dim"] = cfg["text_dim"]
+        d["vec_dim"] = 0
+        d["latent_dims"] = 3
     else:
         mc = cfg["model_channels"]
         d["head_dims"] = sorted({m * mc // cfg["num_heads"] for m in cfg["channel_mult"]})
@@ -574,6 +631,12 @@ def make_tiny_hunyuan_video(path, dtype=torch.bfloat16, scaled_fp8=False, seed=0
     return write_model(path, config or HUNYUAN_VIDEO_TINY_CONFIG, dtype, scaled_fp8, seed)
 
 
+def make_tiny_wan(path, dtype=torch.bfloat16, scaled_fp8=False, seed=0, config: dict | None = None) -> dict:
+    """WAN 2.1 T2V architecture (3D patch embed, text / time embeddings, self + cross attention with qk
+    norms, modulation), dim 256 = 2 heads of 128, 1 block, text_dim 4096."""
+    return write_model(path, config or WAN_TINY_CONFIG, dtype, scaled_fp8, seed)
+
+
 def make_tiny_sd15(path, seed=0, dtype=torch.float16, config: dict | None = None) -> dict:
     """An SD1.5 UNet only (load with UNETLoader, not CheckpointLoaderSimple): 320/640 channels,
     8 heads, so head sizes 40 and 80; context 768."""
@@ -631,6 +694,14 @@ def hunyuan_video_workflow(unet_name: str, weight_dtype: str = "default", patch_
                            frames: int = 2, **kw) -> dict:
     """HunyuanVideo: a 5-D latent of ``frames`` latent frames (64x64 px → 8x8), cfg 1, guidance 6."""
     kw.setdefault("guidance", 6.0)
+    return sampling_workflow(unet_name, weight_dtype, patch_nodes, steps, frames=frames, **kw)
+
+
+def wan_workflow(unet_name: str, weight_dtype: str = "default", patch_nodes=(), steps: int = 2,
+                 frames: int = 2, **kw) -> dict:
+    """WAN 2.1 T2V: a 5-D latent of ``frames`` latent frames (64x64 px → 8x8), cfg 1 (one forward a step; WAN
+    runs cfg 5-6 in practice, twice the calls of the same shapes), 8 text tokens of 4096."""
+    kw.setdefault("guidance", -1.0)  # no guidance input
     return sampling_workflow(unet_name, weight_dtype, patch_nodes, steps, frames=frames, **kw)
 
 

@@ -46,6 +46,9 @@ def _model_dims(model) -> tuple[int, int, str]:
         ctx = cfg["context_in_dim"]
     elif cfg.get("context_dim"):
         ctx = cfg["context_dim"]
+    elif str(kind).startswith("wan"):
+        # WAN's text width is not in its detected config (the class default, umT5's 4096): read it off the model
+        ctx = model.get_model_object("diffusion_model").text_embedding[0].weight.shape[1]
     else:
         raise ValueError(f"TritonKitTestConditioning: can't tell the context dim of {kind}: give context_dim")
     pooled = cfg.get("vec_in_dim") or cfg.get("adm_in_channels") or 0
@@ -220,7 +223,8 @@ class TritonKitTestAttentionProbe:
         prev = topts.get("optimized_attention_override")
 
         def probe(func, *args, **kwargs):
-            q, k, heads = args[0], args[1], args[3]
+            q, k = args[0], args[1]
+            heads = args[3] if len(args) > 3 else kwargs["heads"]  # WAN passes heads= by keyword
             skip = bool(kwargs.get("skip_reshape", False))
             d = q.shape[-1] if skip else q.shape[-1] // heads
             mask = args[4] if len(args) > 4 else kwargs.get("mask")
