@@ -31,7 +31,8 @@ Per run it measures:
   node modules expose them.
 
 Configurations (``--plan``, comma-separated ``MODEL:CONFIG[:compiled][@ARCH]``):
-``MODEL`` ∈ flux, flux-scaled, flux-scaledin (scaled with input scales), hunyuan, hunyuan-scaled; ``CONFIG`` ∈ default, fp8 (Fallback
+``MODEL`` ∈ flux, flux-scaled, flux-scaledin (scaled with input scales), hunyuan, hunyuan-scaled, wan, wan-scaled
+(WAN 2.1 T2V); ``CONFIG`` ∈ default, fp8 (Fallback
 ``auto``), fp8-cast (``cast-only``), attn-exact, attn-8bit, attn-auto, both (fp8 ``auto`` +
 attention ``auto``, the nodes' defaults), both-exact, both-8bit, both-cast (fp8 ``cast-only``
 + attention ``auto``), default-twin (ComfyUI's default once more: the floor of a ratio); ``@86`` simulates an RTX 3090 on the GPU at hand: the pack runs with
@@ -66,8 +67,9 @@ before them fills Triton's kernel cache, and part of a later "cold" compile woul
 
 Presets: ``tiny`` (CPU, CI: 1+1-block Flux at 64×64 and 1+1-block HunyuanVideo hidden 256),
 ``flux-1024`` (Flux-dev 12B at 1024×1024, 512 text tokens), ``hunyuan`` (HunyuanVideo 13B at
-544×960, 33 frames → 9×68×120 latent, 18,360 image tokens + 256 text tokens),
-``gpu`` (both, Flux first).
+544×960, 33 frames → 9×68×120 latent, 18,360 image tokens + 256 text tokens), ``wan`` (WAN 2.1 T2V 14B at
+832×480, 81 frames → 21×60×104 latent, 32,760 video tokens, 512 text tokens), ``gpu`` (Flux and HunyuanVideo,
+Flux first).
 
 Reproducible figures: ``--rounds N`` runs the plan N times interleaved (per model, A B C C B A A B C …,
 so a drift of the GPU's clocks or temperature hits every configuration alike, and none always runs
@@ -146,6 +148,8 @@ MODELS = {
     "flux-scaledin": ("flux", "scale_input", "fp8_e4m3fn"),
     "hunyuan": ("hunyuan", False, "fp8_e4m3fn"),
     "hunyuan-scaled": ("hunyuan", True, "fp8_e4m3fn"),
+    "wan": ("wan", False, "fp8_e4m3fn"),
+    "wan-scaled": ("wan", True, "fp8_e4m3fn"),
 }
 
 PRESETS = {
@@ -154,6 +158,8 @@ PRESETS = {
                            second=dict(width=48, height=48)),
                  hunyuan=dict(config=tm.HUNYUAN_VIDEO_TINY_CONFIG, width=64, height=64, frames=5, tokens=8,
                               guidance=6.0, second=dict(frames=9)),
+                 wan=dict(config=tm.WAN_TINY_CONFIG, width=64, height=64, frames=5, tokens=8, guidance=5.0,
+                          second=dict(frames=9)),
                  # the CI plan (tests/test_workflow_bench.py): on CPU the fused linear runs through the
                  # Triton interpreter at ~2 s a launch, so CI patches with cast-only there
                  plan="hunyuan:default,hunyuan:attn-exact,hunyuan:attn-8bit,hunyuan:both-cast,"
@@ -168,6 +174,12 @@ PRESETS = {
                                  guidance=6.0, steps=4, second=dict(frames=49)),
                     plan="hunyuan:default,hunyuan:both,hunyuan:both@86,hunyuan:default:compiled,"
                          "hunyuan:both:compiled"),
+    # WAN 2.1 T2V 14B at 832×480, 81 frames (21 latent frames: 32 760 video tokens, the attention bench's
+    # wan14b shape), 512 text tokens (umT5's padded length); cfg 1 here (WAN runs cfg 5-6: twice the calls)
+    "wan": dict(device="cuda", steps=4,
+                wan=dict(config=tm.WAN21_14B_CONFIG, width=832, height=480, frames=81, tokens=512, guidance=5.0,
+                         steps=4, second=dict(frames=49)),
+                plan="wan:default,wan:both,wan:attn-8bit,wan:both@86"),
 }
 # The GPU plans, in order of priority (a run that does not fit --budget-s is skipped and listed).
 # Each model: the five configurations the issue names (default, fp8, attention exact / 8-bit, both)
@@ -702,9 +714,14 @@ def versions(device: str) -> dict:
 
 
 # --------------------------------------------------------------------------- models and inputs
+def _depth(cfg: dict) -> int:
+    """A config's block count (Flux / HunyuanVideo: double-stream blocks; WAN: blocks)."""
+    return cfg.get("depth", cfg.get("num_layers", 0))
+
+
 def model_name(key: str, spec: dict) -> str:
     arch, scaled, _ = MODELS[key]
-    size = "tiny" if spec["config"]["depth"] <= 2 else "full"
+    size = "tiny" if _depth(spec["config"]) <= 2 else "full"
     kind = {True: "scaledfp8", "scale_input": "scaledinfp8"}.get(scaled, "fp8e4m3fn")
     return f"tk_bench_{arch}_{size}_{kind}.safetensors"
 
@@ -715,7 +732,7 @@ def load_estimate_s(device: str, spec: dict, written: bool) -> float:
     interleaved plan loads a scaled-fp8 model again whenever the arch changes: @86 and native load
     differently). A whole cold HunyuanVideo process @86 with the file to write, 7 steps, took 36 s on
     an H100 (2026-11-26); at 120 s this refused two 60-s calls their only run."""
-    if device != "cuda" or spec["config"]["depth"] <= 2:
+    if device != "cuda" or _depth(spec["config"]) <= 2:
         return 5.0
     return 20.0 if written else 60.0
 
@@ -748,7 +765,7 @@ def empty_latent(model, spec: dict) -> dict:
     down = getattr(lf, "spacial_downscale_ratio", 8)
     h, w = spec["height"] // down, spec["width"] // down
     if spec.get("frames"):
-        t = (spec["frames"] - 1) // 4 + 1  # HunyuanVideo's VAE: 4x temporal compression
+        t = (spec["frames"] - 1) // 4 + 1  # HunyuanVideo's and WAN's VAEs: 4x temporal compression
         return {"samples": torch.zeros((1, lf.latent_channels, t, h, w))}
     return {"samples": torch.zeros((1, lf.latent_channels, h, w))}
 
@@ -1435,7 +1452,7 @@ def run_bench(preset: str = "tiny", plan: str | None = None, steps: int | None =
             gc.collect()
             if device == "cuda":
                 torch.cuda.empty_cache()
-            log(f"[workflow] writing {run.model} ({spec['config']['arch']}, depth {spec['config']['depth']}) "
+            log(f"[workflow] writing {run.model} ({spec['config']['arch']}, depth {_depth(spec['config'])}) "
                 f"to {models_dir}")
             name, desc, write_s = model_file(models_dir, run.model, spec, device)
             t0 = time.perf_counter()
