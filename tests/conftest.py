@@ -132,6 +132,19 @@ def _gpu_calibration_dir(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _host_fast_path_forgotten():
+    """Each test starts without the host fast path's kept state (the attention node's decisions, replayed
+    calls, direct-launch plans): a test that changes what a decision depends on in ways a process never
+    does (a monkeypatched probe or planner) must not find another test's decision kept."""
+    yield
+    for name, attr in (("tritonkit.nodes.attention", "_memo"), ("tritonkit.kernels.attention", "_REPLAYS"),
+                       ("tritonkit.kernels.fast_launch", "_PLANS")):
+        mod = sys.modules.get(name)
+        if mod is not None and isinstance(getattr(mod, attr, None), dict):
+            getattr(mod, attr).clear()
+
+
+@pytest.fixture(autouse=True)
 def _gpu_tests_keep_their_calibration(request, monkeypatch):
     """GPU tests time and store choices (attention configs tuned on 2 heads...): into the test
     session's own folder, never the user's calibration store, where a bench or ComfyUI would
