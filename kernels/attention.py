@@ -1047,13 +1047,15 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
         _run(ctx, c, views, o_out, m4, warmup, None if call_key is None or o_out is not o else (call_key, c))
 
     if cfg is None:
-        skey = config_key(cc, q.dtype, block_d, int8, kind, causal, Lq, Lk, variants, B * H, q_view is not None)
-        settled = tuning.cache().get(skey) if cc is not None else None
+        skey = settled = None
+        if replay_key is not None and cc is not None:  # (choose_config makes the same key: once per class)
+            skey = config_key(cc, q.dtype, block_d, int8, kind, causal, Lq, Lk, variants, B * H, q_view is not None)
+            settled = tuning.cache().get(skey)
         cfg = choose_config(dev, cc, q.dtype, block_d, int8, kind, causal, Lq, Lk, run, o, variants, B * H,
                             q_tma=q_view is not None)
         run(cfg, o)
         trials.end_call()  # where the config's playoff runs in the model's calls, this call is timed
-        if replay_key is not None and settled is not None and settled == cfg:
+        if settled is not None and settled == cfg:
             _remember(replay_key, _Replay(ctx, skey, settled, (call_key, settled), shape, o.data_ptr() % 16,
                                           q_view is not None))
         return o
