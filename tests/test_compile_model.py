@@ -158,6 +158,7 @@ def test_regions_per_architecture(env):
         w = wan.WanModel(dim=256, ffn_dim=512, num_heads=2, num_layers=3, text_dim=32, freq_dim=64,
                          operations=comfy.ops.disable_weight_init, device="meta")
     assert regions(w) == {"WanAttentionBlock": (3, "block", "blocks.0")}
+    assert regions(_meta_model(env, tm.WAN21_14B_CONFIG)) == {"WanAttentionBlock": (40, "block", "blocks.0")}
     glue = regions(_meta_model(env, tm.FLUX_DEV_CONFIG), "blocks+glue")
     assert {k for k, v in glue.items() if v[1] == "glue"} >= {"MLPEmbedder", "LastLayer", "EmbedND"}, glue
     assert glue["MLPEmbedder"][0] == 3  # time_in, vector_in, guidance_in: one class, one compile
@@ -345,6 +346,58 @@ def test_with_triton_attention_and_fp8_fallback_no_graph_breaks(env, monkeypatch
     assert st["compiled_block_calls"] == 10
     attn = inproc.node_module("TritonKitAttention").stats()
     assert attn["served"] > 0 and attn["fallback"] == 0, attn
+    assert cosine(out, ref) > 0.9999
+
+
+def tiny_wan(dtype=torch.float32, seed=0):
+    """(ModelPatcher, BaseModel) of ComfyUI's WAN 2.1 T2V from tiny_models' tiny config (dim 256, 2 heads, 1
+    block), detected from its state dict as UNETLoader does; ``dtype`` fp8 stores the weights in fp8 with
+    float32 compute."""
+    import comfy.model_detection as md
+    import comfy.model_patcher
+    import tiny_models as tm
+    sd = tm.make_wan_state_dict(dtype=dtype, seed=seed)
+    mc = md.model_config_from_unet(sd, "")
+    mc.set_inference_dtype(dtype, None if dtype == torch.float32 else torch.float32)
+    with torch.inference_mode():
+        base = mc.get_model(mc.process_unet_state_dict(dict(sd)), "")
+        base.load_model_weights(sd, "")
+    cpu = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(base, cpu, cpu), base
+
+
+def test_wan_with_triton_attention_and_fp8_fallback_no_graph_breaks(env, monkeypatch):
+    """WAN 2.1 through both nodes and the Triton Compile Model: one compiled graph for its block class, no
+    graph break, every attention call through the kernel (the interpreter), the result as eager."""
+    import nodes
+    inproc, node, _ = env
+    monkeypatch.setenv("TRITONKIT_FORCE_TRITON_ON_CPU", "1")
+    mp, _ = tiny_wan(torch.float8_e4m3fn, seed=2)
+    m = inproc.call_node("TritonKitFp8Fallback", model=mp, mode="cast-only")[0]
+    m = inproc.call_node("TritonKitAttention", model=m, mode="exact")[0]
+    g = torch.Generator().manual_seed(3)
+    cond = [[torch.randn(1, 8, 4096, generator=g), {}]]
+    latent = {"samples": torch.zeros(1, 16, 2, 8, 8)}
+
+    def run(model):
+        with torch.inference_mode():
+            return nodes.common_ksampler(model, 0, 2, 1.0, "euler", "simple", cond, cond, latent)[0]["samples"]
+    attn = inproc.node_module("TritonKitAttention")
+    attn.reset_stats()
+    ref = run(m)
+    served = attn.stats()  # eager calls (a compiled graph's calls are not counted there)
+    assert served["served"] == served["served_exact"] == 4 and served["fallback"] == 0, served
+    c = inproc.call_node(NODE, model=m, mode="default", dynamic="auto", parts="blocks", cache_size_limit=16)[0]
+    breaks0 = graph_breaks()
+    kernel_calls = []
+    real = attn.A._attention_impl  # what the compiled graph's custom op runs, looked up at each call
+    monkeypatch.setattr(attn.A, "_attention_impl", lambda *a, **kw: kernel_calls.append(1) or real(*a, **kw))
+    out = run(c)
+    st = node.stats()
+    assert graph_breaks() == breaks0
+    assert st["graphs_WanAttentionBlock"] == 1, st
+    assert st["compiled_block_calls"] >= 2, st
+    assert len(kernel_calls) == 4  # self- and cross-attention of the block, 2 steps, inside the compiled block
     assert cosine(out, ref) > 0.9999
 
 
