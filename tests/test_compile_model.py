@@ -349,14 +349,11 @@ def test_with_triton_attention_and_fp8_fallback_no_graph_breaks(env, monkeypatch
     assert cosine(out, ref) > 0.9999
 
 
-def tiny_wan(dtype=torch.float32, seed=0):
-    """(ModelPatcher, BaseModel) of ComfyUI's WAN 2.1 T2V from tiny_models' tiny config (dim 256, 2 heads, 1
-    block), detected from its state dict as UNETLoader does; ``dtype`` fp8 stores the weights in fp8 with
-    float32 compute."""
+def detected(sd: dict, dtype=torch.float32):
+    """(ModelPatcher, BaseModel) of the ComfyUI class that model detection finds for the state dict ``sd``, as
+    UNETLoader does; ``dtype`` fp8 stores the weights in fp8 with float32 compute."""
     import comfy.model_detection as md
     import comfy.model_patcher
-    import tiny_models as tm
-    sd = tm.make_wan_state_dict(dtype=dtype, seed=seed)
     mc = md.model_config_from_unet(sd, "")
     mc.set_inference_dtype(dtype, None if dtype == torch.float32 else torch.float32)
     with torch.inference_mode():
@@ -364,6 +361,13 @@ def tiny_wan(dtype=torch.float32, seed=0):
         base.load_model_weights(sd, "")
     cpu = torch.device("cpu")
     return comfy.model_patcher.ModelPatcher(base, cpu, cpu), base
+
+
+def tiny_wan(dtype=torch.float32, seed=0):
+    """(ModelPatcher, BaseModel) of ComfyUI's WAN 2.1 T2V from tiny_models' tiny config (dim 256, 2 heads, 1
+    block): see :func:`detected`."""
+    import tiny_models as tm
+    return detected(tm.make_wan_state_dict(dtype=dtype, seed=seed), dtype)
 
 
 def test_wan_with_triton_attention_and_fp8_fallback_no_graph_breaks(env, monkeypatch):
@@ -404,19 +408,9 @@ def test_wan_with_triton_attention_and_fp8_fallback_no_graph_breaks(env, monkeyp
 # ----------------------------------------------------------------------------- new sizes, calibrated nodes
 def tiny_hunyuan_video(dtype=torch.float32, seed=0):
     """(ModelPatcher, BaseModel) of ComfyUI's HunyuanVideo from tiny_models' tiny config (hidden
-    256, 2 heads, 1 double + 1 single block, 2 token-refiner blocks), detected from its state dict
-    as UNETLoader does; ``dtype`` fp8 stores the weights in fp8 with float32 compute."""
-    import comfy.model_detection as md
-    import comfy.model_patcher
+    256, 2 heads, 1 double + 1 single block, 2 token-refiner blocks): see :func:`detected`."""
     import tiny_models as tm
-    sd = tm.make_hunyuan_video_state_dict(dtype=dtype, seed=seed)
-    mc = md.model_config_from_unet(sd, "")
-    mc.set_inference_dtype(dtype, None if dtype == torch.float32 else torch.float32)
-    with torch.inference_mode():
-        base = mc.get_model(mc.process_unet_state_dict(dict(sd)), "")
-        base.load_model_weights(sd, "")
-    cpu = torch.device("cpu")
-    return comfy.model_patcher.ModelPatcher(base, cpu, cpu), base
+    return detected(tm.make_hunyuan_video_state_dict(dtype=dtype, seed=seed), dtype)
 
 
 def sample_video(model, frames, h=8, w=8, steps=2, seed=0):
