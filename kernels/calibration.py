@@ -40,6 +40,7 @@ import contextvars
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import statistics
@@ -65,6 +66,33 @@ REPS = 7
 # first calibration's GPU time (2.2 of 2.75 s on an H100, 2026-11-24).
 LONG_MS = 2.0
 LONG_REPS = 3
+# A candidate whose GPU time is SINGLE_MS or more a call is warmed once and timed once. WAN's 32,760-key
+# attention class runs 30-40 ms a call; timing its 15 block configs and 3 paths five calls each (two
+# warm-ups, LONG_REPS) took 3.9 s of a cold step on an H100 (2026-11-27). One timing of such a call ranks
+# the configs well enough to pick the playoff's finalists, which are timed again in the model's calls
+# (kernels/trials.py), and the paths it separates differ by far more than one call varies.
+SINGLE_MS = 10.0
+# Timed alone (one call after an L2 flush, behind a GPU spin), paths within a few percent of each other can rank
+# the other way round in a run of calls, where the GPU's power draw sets its clocks. On an H100 at WAN's
+# 32,760-key class the exact kernel timed 31.1-33.1 ms a call alone against the 8-bit one's 31.3-32.8, and back
+# to back 34.9-35.2 against 27.9-30.5 (ComfyUI's cuDNN 36-38 alone, 38.2-39.0 back to back); the calibration
+# took exact in 3 of 6 processes (bench/calibration_cost.py, 2026-11-27). So where the fastest path alone takes
+# PATH_BURST_MIN_MS or more a call (shorter calls cannot make a burst long enough to load the GPU: at most
+# PATH_BURST_MAX calls), it and the runner-up, where within PATH_PLAYOFF_WITHIN of it, are timed again in bursts
+# of back-to-back calls, about PATH_BURST_MS each with the second half timed (as kernels/trials.py times block
+# configs), PATH_PLAYOFF_ROUNDS rounds interleaved, and the choice between them goes by those timings. With bursts
+# of the three paths the same H100 took 8-bit in 3 of 3 processes; they cost 1.0 s at WAN's class and 0.9 s at
+# HunyuanVideo's 18,616 keys, where the picks were right either way. The third path alone was never the one the
+# bursts chose, so only the best two are timed again. Callers ask for it (``choose(..., bursts=True)``) where the
+# paths' kernels differ in kind (attention: cuDNN's, the exact and the 8-bit kernels). The fp8 linear's paths run
+# the same cuBLAS GEMM after a decode or a cast: in the same WAN run their bursts took 0.7 s a class at 32,768
+# tokens and moved decode's lead from 7.5-8.7 % alone to 0.8-3.4 %, inside ComfyUI's PREFER_MARGIN, so the choice
+# went to the slower path.
+PATH_PLAYOFF_WITHIN = 1.25
+PATH_BURST_MS = 150.0
+PATH_BURST_MAX = 32
+PATH_BURST_MIN_MS = PATH_BURST_MS / PATH_BURST_MAX
+PATH_PLAYOFF_ROUNDS = 2
 # ComfyUI's own path (``prefer``) is kept unless another candidate measured at least this much
 # faster: the timings of two paths within a few percent flip from one process or machine to the next
 # (an H100 timed int8 attention 0.867 ms against SDPA's 0.888 in one process, 1.228 against 0.883 in
@@ -97,10 +125,10 @@ _recording: Optional[set] = None
 # playoffs / playoffs_not_run: block-config playoffs run (or started in the model's calls), and not run
 # because their path was not chosen; playoffs_in_model: those settled in the model's calls;
 # playoffs_resumed: playoffs in the model's calls a stored record left unsettled, started again
-# (kernels/tuning.py, kernels/trials.py)
+# (kernels/tuning.py, kernels/trials.py); path_playoffs: shape classes whose close paths were timed in bursts
 COUNTERS = {"calibrations": 0, "timed_runs": 0, "autotunes": 0, "loads": 0, "calibration_s": 0.0, "autotune_s": 0.0,
             "prepared": 0, "deferred_calls": 0, "stalled_timings": 0, "warmed": 0, "playoffs": 0,
-            "playoffs_not_run": 0, "playoffs_in_model": 0, "playoffs_resumed": 0}
+            "playoffs_not_run": 0, "playoffs_in_model": 0, "playoffs_resumed": 0, "path_playoffs": 0}
 # (str(device), key) -> kernels.prepare.Prepared: shape classes whose candidates compile in the background
 _PENDING: dict = {}
 # (str(device), key) of the choices whose kernels are loaded in this process (timed here, or warmed:
@@ -442,7 +470,8 @@ def cuda_timer_interleaved(fns: dict, warmup: int = WARMUP, reps: int = REPS,
     """Median milliseconds the GPU spends on each ``fns[name]()``, or the exception it raised:
     each is warmed ``warmup`` times (``on_warm(name)`` after that), then the candidates are timed
     in ``reps`` interleaved rounds (A B C A B C ...) with CUDA events, the L2 cache flushed before
-    each timed call (a candidate of LONG_MS or more a call: LONG_REPS rounds).
+    each timed call (a candidate of LONG_MS or more a call: LONG_REPS rounds; of SINGLE_MS or more: one
+    warm-up, where the GPU took longer than the host, and one round).
 
     Interleaved, so that a GPU whose clocks drift while it works (a long calibration heats it)
     gives every candidate the same share of fast and slow moments: timed one after the other, the
@@ -463,8 +492,12 @@ def cuda_timer_interleaved(fns: dict, warmup: int = WARMUP, reps: int = REPS,
             for _ in range(max(1, warmup)):
                 t0 = time.perf_counter()
                 fn()
-                ts.append(time.perf_counter() - t0)
+                t1 = time.perf_counter()
+                ts.append(t1 - t0)
                 torch.cuda.synchronize()
+                tail = time.perf_counter() - t1  # the GPU work still queued when the host was done
+                if tail * 1e3 >= SINGLE_MS and tail > ts[-1]:
+                    break  # a long call the GPU, not the host, takes: this one warm-up loaded it
             host[name] = min(ts)
         except Exception as e:  # noqa: BLE001 - the caller decides what a failing candidate means
             out[name] = e
@@ -481,6 +514,8 @@ def cuda_timer_interleaved(fns: dict, warmup: int = WARMUP, reps: int = REPS,
             if name in out:
                 continue
             if len(times[name]) >= LONG_REPS and statistics.median(times[name]) >= LONG_MS:
+                continue
+            if times[name] and times[name][0] >= SINGLE_MS:
                 continue
             spin = lead[name]
             for attempt in range(1 + STALL_RETRIES):
@@ -512,6 +547,57 @@ def cuda_timer_interleaved(fns: dict, warmup: int = WARMUP, reps: int = REPS,
     for name, ts in times.items():
         if name not in out:
             out[name] = statistics.median(ts)
+    return out
+
+
+def burst_ms(fn: Callable, calls: int, untimed: int = 0) -> float:
+    """Milliseconds a call of ``fn()`` run ``calls`` times back to back after an L2 flush, the first
+    ``untimed`` of them outside the timing (they bring the GPU to the clocks a run of such calls holds)."""
+    flush = _l2_flush_buffer()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    flush.zero_()
+    for _ in range(untimed):
+        fn()
+    start.record()
+    for _ in range(calls - untimed):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / (calls - untimed)
+
+
+def path_finalists(timings: dict) -> list:
+    """The paths of ``timings`` (name -> ms alone) to time again in bursts: the fastest and the runner-up,
+    where that is within PATH_PLAYOFF_WITHIN of it and it takes PATH_BURST_MIN_MS or more a call; else []."""
+    fin = sorted(timings, key=timings.get)[:2]
+    if len(fin) < 2 or timings[fin[0]] < PATH_BURST_MIN_MS or timings[fin[1]] > timings[fin[0]] * PATH_PLAYOFF_WITHIN:
+        return []
+    return fin
+
+
+def path_playoff(fns: dict, alone: dict) -> dict:
+    """Milliseconds a call of each ``fns[name]()`` in bursts (:func:`burst_ms`: about PATH_BURST_MS, the second
+    half timed) taken in PATH_PLAYOFF_ROUNDS interleaved rounds, their median; or the exception it raised.
+    ``alone``: each one's time alone, which sizes its bursts. A test's fake timer (:func:`set_timer`) times
+    the bursts with its ``burst(name, fn)`` method; one without it times none ({})."""
+    fake = getattr(_timer, "burst", None) if _timer is not None else None
+    if _timer is not None and fake is None:
+        return {}
+    times: dict = {n: [] for n in fns}
+    out: dict = {}
+    names = list(fns)
+    for r in range(PATH_PLAYOFF_ROUNDS):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            if n in out:
+                continue
+            calls = max(2, min(PATH_BURST_MAX, math.ceil(PATH_BURST_MS / max(alone[n], 1e-3))))
+            try:
+                times[n].append(fake(n, fns[n]) if fake is not None else burst_ms(fns[n], calls, untimed=calls // 2))
+            except Exception as e:  # noqa: BLE001 - a path that fails here is not chosen
+                out[n] = e
+    for n, ts in times.items():
+        if n not in out:
+            out[n] = statistics.median(ts)
     return out
 
 
@@ -592,7 +678,7 @@ def settled(dkey: str, key: str) -> Optional[str]:
 
 def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
            prefer: Optional[str] = None, skip: Optional[Callable[[], dict]] = None,
-           interim: Optional[str] = None) -> str:
+           interim: Optional[str] = None, bursts: bool = False) -> str:
     """The path to use for the shape class ``key`` on ``device``.
 
     ``candidates`` maps each allowed path name to a no-argument callable running the call that
@@ -611,7 +697,10 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
     (the fused linear's block configs, an attention kernel's): run meanwhile, it held the model
     until they were done, behind every other class's compiles in the pool. On an H100's cold
     HunyuanVideo @86 step (2026-11-25) the model met its second attention class 8 s into the step,
-    and that class's compiles began only then."""
+    and that class's compiles began only then.
+
+    ``bursts``: where the two fastest paths alone are close and long, they are timed again in bursts of
+    back-to-back calls and the choice between them goes by those (:func:`path_finalists`, PATH_PLAYOFF_WITHIN)."""
     if default not in candidates:
         raise ValueError(f"default {default!r} is not among the candidates {list(candidates)}")
     if _compiling():
@@ -669,13 +758,20 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
                         step(name)
             else:
                 results = cuda_timer_interleaved(owned, on_warm=step)
-        for name, res in results.items():
+            fin = path_finalists({n: r for n, r in results.items() if not isinstance(r, Exception)}) if bursts else []
+            timed_bursts = path_playoff({n: owned[n] for n in fin}, results) if fin else {}
+        for name, res in list(results.items()) + [(n, r) for n, r in timed_bursts.items() if isinstance(r, Exception)]:
             if isinstance(res, Exception):  # a path that fails here is simply not chosen
                 errors[name] = f"{type(res).__name__}: {str(res).splitlines()[0][:160] if str(res) else ''}"
-            else:
+            elif name not in errors:
                 timings[name] = float(res)
                 COUNTERS["timed_runs"] += 1
-        choice = pick_fastest(timings, default, prefer)
+        sustained = {n: float(t) for n, t in timed_bursts.items() if not isinstance(t, Exception)}
+        if len(sustained) > 1:  # the close paths: chosen by their bursts (the others were further behind alone)
+            choice = pick_fastest(sustained, default, prefer)
+            COUNTERS["path_playoffs"] += 1
+        else:
+            choice = pick_fastest({n: t for n, t in timings.items() if n not in errors}, default, prefer)
         for hook in _CHOICE_HOOKS:  # the chosen path's held config playoffs run, the others' are dropped
             try:
                 hook(key, choice, list(candidates))
@@ -688,6 +784,8 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
                  "took_s": round(time.perf_counter() - t0, 4)}  # its timing, its candidates' tunings included
         if prefer in timings:
             entry["prefer"], entry["margin"] = prefer, PREFER_MARGIN
+        if len(sustained) > 1:
+            entry["bursts_ms"] = {k: round(v, 5) for k, v in sustained.items()}
         if skipped:
             entry["not_timed"] = skipped
         if errors:
@@ -699,6 +797,8 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         st.put(key, entry)
         log.info("TritonKit calibration on %s: %s -> %s (%s; %.1f s, stored in %s)", st.env.get("gpu"), what or key,
                  choice, "; ".join([", ".join(f"{k} {v:.3f} ms" for k, v in timings.items()) or "no candidate ran"]
+                                   + (["back to back " + ", ".join(f"{k} {v:.3f} ms" for k, v in sustained.items())]
+                                      if len(sustained) > 1 else [])
                                    + [f"{k} not timed: {why}" for k, why in skipped.items()]),
                  time.perf_counter() - t0, st.path)
         return choice

@@ -432,18 +432,10 @@ def _sustained_ms(device: torch.device, fns: dict, est: dict) -> dict:
     SUSTAIN_MS long by ``est[c]``, its time alone), after an L2 flush; or the exception it raised."""
     out = {}
     with torch.cuda.device(device):
-        flush = calibration._l2_flush_buffer()
         for c, fn in fns.items():
             n = max(1, min(SUSTAIN_MAX, math.ceil(SUSTAIN_MS / max(est[c], 1e-3))))
             try:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                flush.zero_()
-                start.record()
-                for _ in range(n):
-                    fn()
-                end.record()
-                end.synchronize()
-                out[c] = start.elapsed_time(end) / n
+                out[c] = calibration.burst_ms(fn, n)
             except Exception as e:  # noqa: BLE001
                 out[c] = e
     return out

@@ -206,8 +206,10 @@ def _auto_choice(func, args, kwargs, b, force_cpu, settle=None):
         why = roofline.int8_attention_not_worth_timing(
             q.device, int(B), int(H), calib.C.pow2_bucket(Lq), calib.C.pow2_bucket(Lk), int(D), q.dtype)
         return {"int8": why} if why else {}
+    # bursts: ComfyUI's attention and the two kernels draw the GPU's power differently, and two of them close alone
+    # can part by 15 % in a run of calls (kernels/calibration.py, PATH_PLAYOFF_WITHIN)
     choice = calib.pick(q.device, key, cands, default, calib.ATTN_PATH_ENV, calib.ATTN_PATHS, what, prefer="comfy",
-                        skip=skip)
+                        skip=skip, bursts=True)
     if settle is not None and not torch.compiler.is_compiling():
         dkey = str(q.device)
         if calib.C.settled(dkey, key) == choice:

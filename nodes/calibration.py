@@ -69,17 +69,18 @@ def forced(env: str, table: dict) -> Optional[str]:
 
 
 def pick(device, key: str, candidates: dict, default: str, env: str, table: dict, what: str,
-         prefer: Optional[str] = None, skip=None, interim: Optional[str] = None) -> str:
+         prefer: Optional[str] = None, skip=None, interim: Optional[str] = None, bursts: bool = False) -> str:
     """The forced path when it is a candidate here, else the calibrated (or default) one
-    (``prefer``: ComfyUI's own path, kept unless another is clearly faster; ``skip``, ``interim``:
-    see kernels/calibration.choose)."""
+    (``prefer``: ComfyUI's own path, kept unless another is clearly faster; ``skip``, ``interim``,
+    ``bursts``: see kernels/calibration.choose)."""
     f = None if torch.compiler.is_compiling() else forced(env, table)
     if f is not None:
         if f in candidates:
             return f
         C.log_once("notallowed:" + env + f + key, "TritonKit: %s=%s is not possible for %s; using %s", env, f, what,
                   default)
-    return C.choose(device, key, candidates, default, what=what, prefer=prefer, skip=skip, interim=interim)
+    return C.choose(device, key, candidates, default, what=what, prefer=prefer, skip=skip, interim=interim,
+                    bursts=bursts)
 
 
 # ----------------------------------------------------------------------------- fp8 linear

@@ -99,6 +99,67 @@ def test_comfyuis_path_is_kept_unless_another_is_clearly_faster(store):
     assert e["choice"] == "comfy" and e["prefer"] == "comfy" and e["margin"] == C.PREFER_MARGIN
 
 
+class BurstTimer(FakeTimer):
+    """A FakeTimer whose paths also have a time a call in bursts of back-to-back calls (``burst``)."""
+
+    def __init__(self, times: dict, bursts: dict):
+        super().__init__(times)
+        self.bursts = bursts
+        self.burst_asked = []
+
+    def burst(self, name, fn):
+        self.burst_asked.append(name)
+        t = self.bursts[name]
+        if isinstance(t, Exception):
+            raise t
+        return t
+
+
+def test_close_long_paths_are_chosen_by_their_bursts(store):
+    # WAN's class on an H100: exact and 8-bit tie alone, 8-bit is 14 % faster back to back
+    slow = C.PATH_BURST_MIN_MS * 10
+    t = BurstTimer({"comfy": slow * 1.3, "exact": slow, "int8": slow * 1.01},
+                   {"comfy": slow * 0.5, "exact": slow * 1.1, "int8": slow * 0.95})
+    C.set_timer(t)
+    assert C.path_finalists(t.times) == ["exact", "int8"]  # comfy 30 % behind alone: not in the bursts
+    assert C.choose(CPU, "kb0", CANDS, "comfy", prefer="comfy") == "exact" and t.burst_asked == []  # not asked for
+    assert C.choose(CPU, "kb", CANDS, "comfy", prefer="comfy", bursts=True) == "int8"
+    assert sorted(t.burst_asked) == sorted(["exact", "int8"] * C.PATH_PLAYOFF_ROUNDS)  # interleaved rounds
+    e = json.loads(store_file(store).read_text())["entries"]["kb"]
+    assert e["choice"] == "int8" and set(e["bursts_ms"]) == {"exact", "int8"}
+    assert "bursts_ms" not in json.loads(store_file(store).read_text())["entries"]["kb0"]
+    assert e["timings_ms"]["exact"] == pytest.approx(slow)  # the times alone are kept too
+    assert C.COUNTERS["path_playoffs"] == 1
+    # ComfyUI's path among the close ones keeps its margin in the bursts too
+    t2 = BurstTimer({"comfy": slow, "exact": slow * 1.02, "int8": slow * 2},
+                    {"comfy": slow, "exact": slow * (1 - C.PREFER_MARGIN / 2), "int8": slow})
+    C.set_timer(t2)
+    assert C.choose(CPU, "kc", CANDS, "exact", prefer="comfy", bursts=True) == "comfy"
+    assert sorted(set(t2.burst_asked)) == ["comfy", "exact"]
+
+
+def test_short_paths_and_failing_bursts(store):
+    fast = C.PATH_BURST_MIN_MS / 2
+    assert C.path_finalists({"comfy": fast, "exact": fast}) == []  # too short a call to load the GPU in a burst
+    assert C.path_finalists({"exact": 50.0}) == []
+    assert C.path_finalists({"exact": 50.0, "int8": 50.0 * (C.PATH_PLAYOFF_WITHIN + 0.01)}) == []
+    assert C.path_finalists({"int8": 50.5, "comfy": 50.0, "exact": 50.2}) == ["comfy", "exact"]  # the best two
+    t = BurstTimer({"comfy": fast * 3, "exact": fast, "int8": fast * 1.01}, {})
+    C.set_timer(t)
+    assert C.choose(CPU, "ks", CANDS, "comfy", bursts=True) == "exact" and t.burst_asked == []
+    # a path that fails in its burst is not chosen, and its error is stored
+    slow = C.PATH_BURST_MIN_MS * 4
+    t = BurstTimer({"comfy": slow * 2, "exact": slow, "int8": slow},
+                   {"exact": RuntimeError("illegal memory access"), "int8": slow * 1.2})
+    C.set_timer(t)
+    assert C.choose(CPU, "kf", CANDS, "comfy", bursts=True) == "int8"
+    e = json.loads(store_file(store).read_text())["entries"]["kf"]
+    assert "illegal memory access" in e["errors"]["exact"] and "bursts_ms" not in e
+    # a fake timer without bursts times none
+    C.set_timer(FakeTimer({"comfy": slow * 2, "exact": slow, "int8": slow * 1.01}))
+    assert C.choose(CPU, "kn", CANDS, "comfy", bursts=True) == "exact"
+
+
 def test_failing_candidate_is_not_chosen(store):
     C.set_timer(FakeTimer({"comfy": 3.0, "exact": RuntimeError("out of resources"), "int8": 2.0}))
     assert C.choose(CPU, "k", CANDS, "exact") == "int8"
@@ -462,6 +523,17 @@ def test_attention_auto_uses_the_measured_path(store, forced_cpu):
     assert N.stats()["served_exact"] == 1
     entries = C.stored_choices(CPU)
     assert {e["choice"] for k_, e in entries.items() if k_.startswith("attention|")} == {"comfy", "exact"}
+
+
+def test_attention_auto_times_its_close_long_paths_in_bursts(store, forced_cpu):
+    # the node asks for the bursts: exact and 8-bit tie alone, 8-bit wins back to back (as at WAN's class)
+    q, k, v = qkv()
+    slow = C.PATH_BURST_MIN_MS * 5
+    t = BurstTimer({"comfy": slow * 1.5, "exact": slow, "int8": slow * 1.01},
+                   {"exact": slow * 1.1, "int8": slow * 0.95})
+    C.set_timer(t)
+    N.make_override("auto")(sdpa_backend, q, k, v, 2)
+    assert sorted(set(t.burst_asked)) == ["exact", "int8"] and N.stats()["served_int8"] == 1
 
 
 def test_attention_8bit_never_picked_when_not_allowed(store, forced_cpu):
@@ -878,6 +950,8 @@ def test_cuda_timer_measures_the_gpu_not_the_hosts_latency():
     assert 0 < ms < 0.5, ms
     big = torch.randn(4096, 4096, device="cuda")
     assert C.cuda_timer(lambda: big @ big) > 0.01  # real GPU work still counts
+    alone = C.cuda_timer(lambda: big @ big)
+    assert 0.5 * alone < C.burst_ms(lambda: big @ big, 8, untimed=4) < 2 * alone  # back to back: the same work
 
 
 class _FakeEvent:
@@ -959,6 +1033,60 @@ def test_a_long_candidate_is_timed_fewer_rounds(monkeypatch, fake_cuda):
     res = C.cuda_timer_interleaved({"long": cand("long", 3.0), "short": cand("short", 0.05)}, warmup=1, reps=7)
     assert calls.count("long") == 1 + C.LONG_REPS and calls.count("short") == 1 + 7
     assert res["long"] == pytest.approx(3.0) and res["short"] == pytest.approx(0.05)
+
+
+def test_a_call_of_single_ms_is_warmed_once_and_timed_once(monkeypatch, fake_cuda):
+    # a clock the test drives, with a GPU queue: a call takes its host time at once and leaves its GPU time
+    # queued, which a synchronisation waits for and an event recorded after it lands behind
+    import types
+    now, queued = [0.0], [0.0]
+
+    def drain(*a):
+        now[0] += queued[0]
+        queued[0] = 0.0
+
+    class QueueEvent(_FakeEvent):
+        def record(self):
+            self.t = now[0] + queued[0]
+
+        def synchronize(self):
+            drain()
+    monkeypatch.setattr(torch.cuda, "Event", QueueEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", drain)
+    monkeypatch.setattr(C, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(C, "_sleep_cycles_per_ms", lambda dev: None)
+    calls = []
+
+    def cand(name, gpu_ms, host_ms=0.1, first_host_ms=None):
+        def fn():
+            calls.append(name)
+            h = first_host_ms if first_host_ms is not None and calls.count(name) == 1 else host_ms
+            drain()  # the host's work before the launch (a block-config tuning) waits for the GPU too
+            now[0] += h / 1e3
+            queued[0] += gpu_ms / 1e3
+        return fn
+    gpu = {"wan": 30.0, "tuned": 33.0, "mid": 5.0, "short": 0.05}
+    fns = {"wan": cand("wan", 30.0), "tuned": cand("tuned", 33.0, first_host_ms=500.0),
+           "mid": cand("mid", 5.0), "short": cand("short", 0.05)}
+    res = C.cuda_timer_interleaved(fns, warmup=2, reps=7)
+    # wan: one warm-up (its GPU time outlasted its issue), one timing; tuned: its first call's host side
+    # (a tuning) outlasted its GPU time, so it is warmed again, then timed once; mid: LONG_REPS; short: all
+    assert [calls.count(n) for n in ("wan", "tuned", "mid", "short")] == [1 + 1, 2 + 1, 2 + C.LONG_REPS, 2 + 7]
+    for n, ms in gpu.items():
+        assert res[n] == pytest.approx(ms + 0.1, rel=1e-6)
+    assert C.SINGLE_MS > C.LONG_MS
+
+
+def test_a_burst_times_only_its_calls_after_the_untimed_ones(monkeypatch, fake_cuda):
+    now = _driven_clock(monkeypatch)
+    calls = []
+
+    def fn():  # slower once the GPU has been loaded for a while (its clocks drop at the power cap)
+        calls.append(1)
+        now[0] += (1.0 if len(calls) <= 3 else 2.0) / 1e3
+    assert C.burst_ms(fn, 6, untimed=3) == pytest.approx(2.0) and len(calls) == 6
+    calls.clear()
+    assert C.burst_ms(fn, 4) == pytest.approx((3 * 1.0 + 2.0) / 4)
 
 
 def test_a_timed_call_held_up_on_the_host_is_timed_again(monkeypatch, fake_cuda):
