@@ -45,29 +45,6 @@ def _package():
         sys.modules["tritonkit"] = pkg
 
 
-def attention_pytorch(q, k, v, heads, mask=None, **kwargs):
-    """ComfyUI's attention_pytorch (bld), minus its decorator."""
-    import torch
-    b, _, dim_head = q.shape
-    dim_head //= heads
-    q, k, v = (t.view(b, -1, heads, dim_head).transpose(1, 2) for t in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
-    return out.transpose(1, 2).reshape(b, -1, heads * dim_head)
-
-
-def _ms_per_call(fn, calls: int) -> float:
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
-
-
 def child(args) -> dict:
     """One process's cold calibration (the environment names the store and the configuration)."""
     import torch
@@ -76,6 +53,7 @@ def child(args) -> dict:
     from tritonkit.kernels import tuning
     from tritonkit.nodes import attention as NA
     from tritonkit.nodes.arch import ARCH_ENV, CUDNN_SDPA_ARCHS
+    from attention_host import attention_pytorch  # bench/: ComfyUI's attention_pytorch, as the node is handed it
     for name, value in json.loads(os.environ.get("TK_BENCH_CALIBRATION", "{}")).items():
         setattr(C, name, value)
     arch = os.environ.get(ARCH_ENV)
@@ -113,7 +91,7 @@ def child(args) -> dict:
     steady = {n: [] for n in paths}
     for _ in range(3):  # interleaved, back to back within each
         for n, fn in paths.items():
-            steady[n].append(_ms_per_call(fn, args.calls))
+            steady[n].append(C.burst_ms(fn, args.calls + 1, untimed=1))
     picked = choice[0]["choice"] if choice else None
     return {"device": torch.cuda.get_device_name(), "single_ms": C.SINGLE_MS, "path_playoff_within": C.PATH_PLAYOFF_WITHIN,
             "calibration_call_s": round(cal_s, 3), "bursts_ms": choice[0].get("bursts_ms") if choice else None,
