@@ -34,10 +34,14 @@ class FakeTimer:
 
     def __call__(self, name, fn):
         self.asked.append(name)
-        t = self.times[name]
-        if isinstance(t, Exception):
-            raise t
-        return t
+        return _timed(self.times[name])
+
+
+def _timed(t):
+    """A fake timing: its time, or the exception it stands for, raised."""
+    if isinstance(t, Exception):
+        raise t
+    return t
 
 
 @pytest.fixture(autouse=True)
@@ -109,10 +113,7 @@ class BurstTimer(FakeTimer):
 
     def burst(self, name, fn):
         self.burst_asked.append(name)
-        t = self.bursts[name]
-        if isinstance(t, Exception):
-            raise t
-        return t
+        return _timed(self.bursts[name])
 
 
 def test_close_long_paths_are_chosen_by_their_bursts(store):
