@@ -231,6 +231,8 @@ def describe(device, prefix: str) -> list[str]:
     for k, v in sorted(entries.items())[:12]:
         t = ", ".join([f"{n} {ms:.3f} ms" for n, ms in v.get("timings_ms", {}).items()]
                       + [f"{n} not timed" for n in v.get("not_timed", {})])
+        if v.get("bursts_ms"):  # the close paths timed again back to back, which chose between them
+            t += "; back to back " + ", ".join(f"{n} {ms:.3f} ms" for n, ms in v["bursts_ms"].items())
         lines.append(f"  {v.get('what') or k} -> {v['choice']} ({t})")
     if len(entries) > 12:
         lines.append(f"  ... {len(entries) - 12} more at GET /tritonkit/calibration")

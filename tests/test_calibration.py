@@ -608,6 +608,13 @@ def test_describe_shows_measured_choices(store, forced_cpu):
 
     text = N.describe("auto", M())
     assert "1 shape classes measured" in text and "-> comfy (comfy 0.500 ms, exact 1.000 ms, int8 2.000 ms)" in text
+    # a class chosen by its bursts shows them too
+    slow = C.PATH_BURST_MIN_MS * 2
+    C.set_timer(BurstTimer({"comfy": slow * 2, "exact": slow, "int8": slow}, {"exact": slow * 1.2, "int8": slow}))
+    q2, k2, v2 = qkv(L=80, seed=1)
+    N.make_override("auto")(sdpa_backend, q2, k2, v2, 2)
+    text = N.describe("auto", M())
+    assert f"-> int8 (comfy {2 * slow:.3f} ms, exact {slow:.3f} ms, int8 {slow:.3f} ms; back to back " in text
 
 
 # ----------------------------------------------------------------------------- torch.compile
