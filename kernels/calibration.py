@@ -80,7 +80,7 @@ SINGLE_MS = 10.0
 # PATH_BURST_MIN_MS or more a call (shorter calls cannot make a burst long enough to load the GPU: at most
 # PATH_BURST_MAX calls), it and the runner-up, where within PATH_PLAYOFF_WITHIN of it, are timed again in bursts
 # of back-to-back calls, about PATH_BURST_MS each with the second half timed (as kernels/trials.py times block
-# configs), PATH_PLAYOFF_ROUNDS rounds interleaved, and the choice between them goes by those timings. With bursts
+# configs), up to PATH_PLAYOFF_ROUNDS rounds interleaved, and the choice between them goes by those timings. With bursts
 # of the three paths the same H100 took 8-bit in 3 of 3 processes; they cost 1.0 s at WAN's class and 0.9 s at
 # HunyuanVideo's 18,616 keys, where the picks were right either way. The third path alone was never the one the
 # bursts chose, so only the best two are timed again. Callers ask for it (``choose(..., bursts=True)``) where the
@@ -93,6 +93,10 @@ PATH_BURST_MS = 150.0
 PATH_BURST_MAX = 32
 PATH_BURST_MIN_MS = PATH_BURST_MS / PATH_BURST_MAX
 PATH_PLAYOFF_ROUNDS = 2
+# The second round runs only where the first round's two bursts came within this of each other: the H100's bursts
+# parted them by 10-16 % in every process (WAN: 30.5-31.9 against 34.7-36.2 ms; HunyuanVideo 6.12-6.23 against
+# 6.85-7.02), where one round decides.
+PATH_BURST_DECISIVE = 0.05
 # ComfyUI's own path (``prefer``) is kept unless another candidate measured at least this much
 # faster: the timings of two paths within a few percent flip from one process or machine to the next
 # (an H100 timed int8 attention 0.867 ms against SDPA's 0.888 in one process, 1.228 against 0.883 in
@@ -577,7 +581,8 @@ def path_finalists(timings: dict) -> list:
 
 def path_playoff(fns: dict, alone: dict) -> dict:
     """Milliseconds a call of each ``fns[name]()`` in bursts (:func:`burst_ms`: about PATH_BURST_MS, the second
-    half timed) taken in PATH_PLAYOFF_ROUNDS interleaved rounds, their median; or the exception it raised.
+    half timed) taken in up to PATH_PLAYOFF_ROUNDS interleaved rounds (the next only while the fastest and the
+    slowest are within PATH_BURST_DECISIVE of each other), their median; or the exception it raised.
     ``alone``: each one's time alone, which sizes its bursts. A test's fake timer (:func:`set_timer`) times
     the bursts with its ``burst(name, fn)`` method; one without it times none ({})."""
     fake = getattr(_timer, "burst", None) if _timer is not None else None
@@ -587,6 +592,9 @@ def path_playoff(fns: dict, alone: dict) -> dict:
     out: dict = {}
     names = list(fns)
     for r in range(PATH_PLAYOFF_ROUNDS):
+        last = [ts[-1] for n, ts in times.items() if ts and n not in out]
+        if r and (len(last) < 2 or max(last) > min(last) * (1 + PATH_BURST_DECISIVE)):
+            break
         for n in (names if r % 2 == 0 else names[::-1]):
             if n in out:
                 continue
