@@ -81,7 +81,7 @@ SINGLE_MS = 10.0
 # PATH_BURST_MAX calls), it and the runner-up, where within PATH_PLAYOFF_WITHIN of it, are timed again in bursts
 # of back-to-back calls, about PATH_BURST_MS each with the second half timed (as kernels/trials.py times block
 # configs), up to PATH_PLAYOFF_ROUNDS rounds interleaved, and the choice between them goes by those timings. With
-# bursts the same H100 took 8-bit in 7 of 7 processes. Bursts of all three paths cost 1.0 s at WAN's class and 0.9 s
+# bursts the same H100 took 8-bit in 8 of 8 processes at that class. Bursts of all three paths cost 1.0 s at WAN's class and 0.9 s
 # at HunyuanVideo's 18,616 keys, where the picks were right either way; the third path alone was never the one the
 # bursts chose, so only the best two are timed again, and a second round only where it can decide
 # (PATH_BURST_DECISIVE): 0.28 s more at HunyuanVideo's class. Callers ask for it (``choose(..., bursts=True)``) where the
