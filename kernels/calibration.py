@@ -72,23 +72,23 @@ LONG_REPS = 3
 # the configs well enough to pick the playoff's finalists, which are timed again in the model's calls
 # (kernels/trials.py), and the paths it separates differ by far more than one call varies.
 SINGLE_MS = 10.0
-# Timed alone (one call after an L2 flush, behind a GPU spin), paths within a few percent of each other can rank
-# the other way round in a run of calls, where the GPU's power draw sets its clocks. On an H100 at WAN's
-# 32,760-key class the exact kernel timed 31.1-33.1 ms a call alone against the 8-bit one's 31.3-32.8, and back
-# to back 34.9-35.2 against 27.9-30.5 (ComfyUI's cuDNN 36-38 alone, 38.2-39.0 back to back); timed alone, the
-# calibration took exact in 5 of 12 processes (bench/calibration_cost.py, 2026-11-27). So where the fastest path alone takes
+# Timed alone (one call after an L2 flush, behind a GPU spin), paths within a few percent of each other can rank the
+# other way round in a run of calls, where the GPU's power draw sets its clocks. On an H100 at WAN's 32,760-key
+# class the exact kernel timed 31.1-33.1 ms a call alone against the 8-bit one's 31.3-32.8, and back to back
+# 34.9-35.2 against 27.9-30.5 (ComfyUI's cuDNN 36-38 alone, 38.2-39.0 back to back); timed alone, the calibration
+# took exact in 5 of 12 processes (bench/calibration_cost.py, 2026-11-27). So where the fastest path alone takes
 # PATH_BURST_MIN_MS or more a call (shorter calls cannot make a burst long enough to load the GPU: at most
-# PATH_BURST_MAX calls), it and the runner-up, where within PATH_PLAYOFF_WITHIN of it, are timed again in bursts
-# of back-to-back calls, about PATH_BURST_MS each with the second half timed (as kernels/trials.py times block
+# PATH_BURST_MAX calls), it and the runner-up, where within PATH_PLAYOFF_WITHIN of it, are timed again in bursts of
+# back-to-back calls, about PATH_BURST_MS each with the second half timed (as kernels/trials.py times block
 # configs), up to PATH_PLAYOFF_ROUNDS rounds interleaved, and the choice between them goes by those timings. With
-# bursts the same H100 took 8-bit in 8 of 8 processes at that class. Bursts of all three paths cost 1.0 s at WAN's class and 0.9 s
-# at HunyuanVideo's 18,616 keys, where the picks were right either way; the third path alone was never the one the
-# bursts chose, so only the best two are timed again, and a second round only where it can decide
-# (PATH_BURST_DECISIVE): 0.28 s more at HunyuanVideo's class. Callers ask for it (``choose(..., bursts=True)``) where the
-# paths' kernels differ in kind (attention: cuDNN's, the exact and the 8-bit kernels). The fp8 linear's paths run
-# the same cuBLAS GEMM after a decode or a cast: in the same WAN run their bursts took 0.7 s a class at 32,768
-# tokens and moved decode's lead from 7.5-8.7 % alone to 0.8-3.4 %, inside ComfyUI's PREFER_MARGIN, so the choice
-# went to the slower path.
+# bursts the same H100 took 8-bit in 8 of 8 processes at that class. Bursts of all three paths cost 1.0 s at WAN's
+# class and 0.9 s at HunyuanVideo's 18,616 keys, where the picks were right either way; the third path alone was
+# never the one the bursts chose, so only the best two are timed again, and a second round only where it can decide
+# (PATH_BURST_DECISIVE): 0.28 s more at HunyuanVideo's class. Callers ask for it (``choose(..., bursts=True)``)
+# where the paths' kernels differ in kind (attention: cuDNN's, the exact and the 8-bit kernels). The fp8 linear's
+# paths run the same cuBLAS GEMM after a decode or a cast: in the same WAN run their bursts took 0.7 s a class at
+# 32,768 tokens and moved decode's lead from 7.5-8.7 % alone to 0.8-3.4 %, inside ComfyUI's PREFER_MARGIN, so the
+# choice went to the slower path.
 PATH_PLAYOFF_WITHIN = 1.25
 PATH_BURST_MS = 150.0
 PATH_BURST_MAX = 32
