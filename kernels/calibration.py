@@ -571,6 +571,11 @@ def burst_ms(fn: Callable, calls: int, untimed: int = 0) -> float:
     return start.elapsed_time(end) / (calls - untimed)
 
 
+def _error_text(e: Exception) -> str:
+    """A failed candidate's error, as the stored entry keeps it: its type and first line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+
+
 def path_finalists(timings: dict) -> list:
     """The paths of ``timings`` (name -> ms alone) to time again in bursts: the fastest and the runner-up,
     where that is within PATH_PLAYOFF_WITHIN of it and it takes PATH_BURST_MIN_MS or more a call; else []."""
@@ -769,12 +774,15 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
                 results = cuda_timer_interleaved(owned, on_warm=step)
             fin = path_finalists({n: r for n, r in results.items() if not isinstance(r, Exception)}) if bursts else []
             timed_bursts = path_playoff({n: owned[n] for n in fin}, results) if fin else {}
-        for name, res in list(results.items()) + [(n, r) for n, r in timed_bursts.items() if isinstance(r, Exception)]:
+        for name, res in results.items():
             if isinstance(res, Exception):  # a path that fails here is simply not chosen
-                errors[name] = f"{type(res).__name__}: {str(res).splitlines()[0][:160] if str(res) else ''}"
-            elif name not in errors:
+                errors[name] = _error_text(res)
+            else:
                 timings[name] = float(res)
                 COUNTERS["timed_runs"] += 1
+        for name, res in timed_bursts.items():
+            if isinstance(res, Exception):  # nor one that fails in its bursts (its time alone is kept)
+                errors[name] = _error_text(res)
         sustained = {n: float(t) for n, t in timed_bursts.items() if not isinstance(t, Exception)}
         if len(sustained) > 1:  # the close paths: chosen by their bursts (the others were further behind alone)
             choice = pick_fastest(sustained, default, prefer)
