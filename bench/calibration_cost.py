@@ -29,31 +29,23 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 SHAPES = {"wan": (1, 40, 32760, 128), "hunyuan": (1, 24, 18616, 128), "flux": (1, 24, 4608, 128),
           "sdxl": (2, 10, 4096, 64)}
 CONFIGS = {"before": {"SINGLE_MS": float("inf"), "PATH_PLAYOFF_WITHIN": 0.0}, "now": {}}
 
 
-def _package():
-    if "tritonkit" not in sys.modules:
-        pkg = types.ModuleType("tritonkit")
-        pkg.__path__ = [str(REPO)]
-        sys.modules["tritonkit"] = pkg
-
-
 def child(args) -> dict:
     """One process's cold calibration (the environment names the store and the configuration)."""
     import torch
-    _package()
+    # bench/attention_host.py: ComfyUI's attention_pytorch, as the node is handed it (its import makes the
+    # checkout importable as the package ``tritonkit``)
+    from attention_host import attention_pytorch
     from tritonkit.kernels import calibration as C
     from tritonkit.kernels import tuning
     from tritonkit.nodes import attention as NA
     from tritonkit.nodes.arch import ARCH_ENV, CUDNN_SDPA_ARCHS
-    from attention_host import attention_pytorch  # bench/: ComfyUI's attention_pytorch, as the node is handed it
     for name, value in json.loads(os.environ.get("TK_BENCH_CALIBRATION", "{}")).items():
         setattr(C, name, value)
     arch = os.environ.get(ARCH_ENV)
