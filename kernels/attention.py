@@ -1048,11 +1048,11 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
 
     if cfg is None:
         skey = settled = None
-        if replay_key is not None and cc is not None:  # (choose_config makes the same key: once per class)
+        if replay_key is not None and cc is not None:
             skey = config_key(cc, q.dtype, block_d, int8, kind, causal, Lq, Lk, variants, B * H, q_view is not None)
             settled = tuning.cache().get(skey)
         cfg = choose_config(dev, cc, q.dtype, block_d, int8, kind, causal, Lq, Lk, run, o, variants, B * H,
-                            q_tma=q_view is not None)
+                            q_tma=q_view is not None, skey=skey)
         run(cfg, o)
         trials.end_call()  # where the config's playoff runs in the model's calls, this call is timed
         if settled is not None and settled == cfg:
@@ -1219,17 +1219,18 @@ def config_key(cc, dtype, block_d, int8, kind, causal, Lq, Lk, variants, bh, q_t
 
 
 def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None, o=None, variants=(0,),
-                  bh: int = 1, q_tma: bool = True):
+                  bh: int = 1, q_tma: bool = True, skey: str | None = None):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages, variant) for this call's tuning key: timed once
     per GPU on its first call over every variant's configs (compiled in parallel), then stored
     (kernels/tuning.py). fp8 P·V's time counts FP8_PV_MARGIN more (it is the less accurate one).
     The key holds the sequence lengths and batch × heads (``bh``), each as a power-of-two bucket:
     the grid's size decides between configs (a pick timed on 2 heads, 512 programs on 132 SMs, lost
-    12 % at WAN's 40 heads on an H200, 2026-11-23)."""
+    12 % at WAN's 40 heads on an H200, 2026-11-23). ``skey``: that key, where the caller made it already."""
     variants = tuple(variants)
     if cc is None:
         return CPU_CONFIG + (variants[0],)
-    skey = config_key(cc, dtype, block_d, int8, kind, causal, Lq, Lk, variants, bh, q_tma)
+    if skey is None:  # (the caller's, where it made the key already)
+        skey = config_key(cc, dtype, block_d, int8, kind, causal, Lq, Lk, variants, bh, q_tma)
     if run is not None:
         hit = tuning.cache().get(skey)  # every call after the first of its shape class
         if hit is not None:
