@@ -427,7 +427,10 @@ def start_at_launch(background: bool = False) -> bool:
     :func:`cold_workers` of them); whether it did. A worker needs seconds to import torch: started when
     the first model was patched, they were not ready for its first step (see the docstring).
     ``background``: the default's check (it imports Triton) runs in a thread, off ComfyUI's start-up; True
-    then says only that it runs."""
+    then says only that it runs. Then Triton's own key is computed in another thread too (launchers.warm_key)."""
+    if background:
+        from . import launchers
+        launchers.warm_key_in_background()
     default = _by_default()
     if not default and workers() <= 0:
         return False

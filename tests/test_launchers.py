@@ -100,3 +100,32 @@ def test_a_prebuilt_kernel_launches_without_a_c_build_in_its_thread(tmp_path, mo
     assert torch.equal(out, x + x)
     assert "MainThread" not in builds[len(ahead):], (ahead, builds)
     assert all(b == "bg" for b in ahead)
+
+
+
+def test_triton_s_key_is_computed_ahead_where_a_gpu_is_there(monkeypatch):
+    import torch
+    import triton.runtime.cache as tc
+    calls = []
+    monkeypatch.setattr(tc, "triton_key", lambda: calls.append(threading.current_thread().name) or "key")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert L.warm_key() is False and calls == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert L.warm_key() is True and len(calls) == 1
+    monkeypatch.setenv(L.KEY_ENV, "0")
+    assert L.warm_key() is False and len(calls) == 1
+    monkeypatch.delenv(L.KEY_ENV)
+    L.warm_key_in_background()
+    for _ in range(500):
+        if len(calls) == 2:
+            break
+        threading.Event().wait(0.01)
+    assert calls[1] == "tritonkit-triton-key"
+
+
+def test_comfyui_s_start_computes_triton_s_key_in_the_background(monkeypatch):
+    started = []
+    monkeypatch.setattr(L, "warm_key_in_background", lambda: started.append(1))
+    monkeypatch.setenv(CP.WORKERS_ENV, "0")
+    assert CP.start_at_launch(background=True) is False and started == [1]
+    assert CP.start_at_launch() is False and started == [1]
