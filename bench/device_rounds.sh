@@ -23,6 +23,9 @@
 #            COLD_<letter> (COLD_A, COLD_B...): the environment that letter's processes run with (e.g.
 #            COLD_A="TRITONKIT_PLAYOFF_IN_MODEL=0"), COLD_PLAN_<letter> a plan of their own; each process at
 #            most COLD_S seconds, traced; COLD_PRESET another preset (gpu-scaled: Flux, with COLD_PLAN=flux-scaled:both@86)
+#   CAL_S    bench/calibration_cost.py for each of CAL_SPECS ("shape:rounds[:arch] ...", default "wan:3: hunyuan:2:"),
+#            CAL_CONFIGS its --configs (default before,now); each spec at most CAL_S seconds
+#   REQUIRE_GPU  a word the GPU's name must contain (e.g. H200): the call exits 3 at once otherwise, before any part
 #   FLUX_ARGS / HUN_ARGS  more bench/workflow.py options for those parts (e.g. --warm-rounds for compiled rounds)
 #   SMI_MS   sample the GPU's clocks, power and temperature every SMI_MS ms into $OUT/smi.csv while the call runs
 #            (`python3 bench/first_steps.py --smi $OUT/smi.csv <workflow.json>` gives each run's medians)
@@ -39,6 +42,9 @@ mkdir -p "$O"
 CAL="${CAL_DIR:-/tmp/tk_cal_rounds}"
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/tk_triton}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ -n "${REQUIRE_GPU:-}" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q "$REQUIRE_GPU"; then
+  echo "not a $REQUIRE_GPU: nothing run"; exit 3
+fi
 SMI_PID=
 if [ -n "${SMI_MS:-}" ]; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
@@ -101,6 +107,17 @@ for r in json.load(open(sys.argv[1]))["runs"]:
         print(r["run"], part, json.dumps(rec.get("triton_compiles"))[:1500])
 PY
   fi
+fi
+if [ "${CAL_S:-0}" != 0 ]; then
+  for spec in ${CAL_SPECS:-wan:3: hunyuan:2:}; do
+    IFS=: read -r shape rounds arch <<< "$spec"
+    t0=$(date +%s)
+    timeout "$CAL_S" python3 bench/calibration_cost.py --shape "$shape" --rounds "${rounds:-3}" ${arch:+--arch "$arch"} \
+      --configs "${CAL_CONFIGS:-before,now}" --json "$O/calibration_${shape}_${arch:-native}.json" \
+      > "$O/calibration_${shape}_${arch:-native}.txt" 2>&1
+    echo "calibration_cost $spec rc=$? in $(( $(date +%s) - t0 )) s"
+    sed -n '/: median (min/,$p' "$O/calibration_${shape}_${arch:-native}.txt"
+  done
 fi
 if [ "${STORED_S:-0}" != 0 ]; then
   for r in P0 ${STORED_ORDER:-A1 B1 A2 B2}; do
