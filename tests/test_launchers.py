@@ -102,7 +102,6 @@ def test_a_prebuilt_kernel_launches_without_a_c_build_in_its_thread(tmp_path, mo
     assert all(b == "bg" for b in ahead)
 
 
-
 def test_triton_s_key_is_computed_ahead_where_a_gpu_is_there(monkeypatch):
     import torch
     import triton.runtime.cache as tc
