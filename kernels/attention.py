@@ -1229,7 +1229,7 @@ def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None,
     variants = tuple(variants)
     if cc is None:
         return CPU_CONFIG + (variants[0],)
-    if skey is None:  # (the caller's, where it made the key already)
+    if skey is None:
         skey = config_key(cc, dtype, block_d, int8, kind, causal, Lq, Lk, variants, bh, q_tma)
     if run is not None:
         hit = tuning.cache().get(skey)  # every call after the first of its shape class
