@@ -9,6 +9,8 @@ discarded process fills it, so the compiles are not what is timed). Configuratio
   paths chosen by their times alone (no bursts: ``calibration.PATH_PLAYOFF_WITHIN`` = 0);
 * ``key-at-compile``: as now, but Triton's key computed at its first compile, in the calibrating call, not at
   the start (``TRITONKIT_TRITON_KEY_AHEAD=0``);
+* ``whole-warm-ups``: as now, but each block config warmed by a whole call, not by its launches on one program
+  of the attention kernel's grid (``TRITONKIT_LIGHT_WARMUP=0``);
 * ``now``: the pack as it is (a candidate of ``SINGLE_MS`` or more a call warmed once and timed once; the paths
   close to the fastest alone timed again in bursts of back-to-back calls).
 
@@ -40,7 +42,8 @@ SHAPES = {"wan": (1, 40, 32760, 128), "hunyuan": (1, 24, 18616, 128), "flux": (1
           "sdxl": (2, 10, 4096, 64)}
 # calibration attributes set in the child, and "_env": its environment's additions
 CONFIGS = {"before": {"SINGLE_MS": float("inf"), "PATH_PLAYOFF_WITHIN": 0.0},
-           "key-at-compile": {"_env": {"TRITONKIT_TRITON_KEY_AHEAD": "0"}}, "now": {}}
+           "key-at-compile": {"_env": {"TRITONKIT_TRITON_KEY_AHEAD": "0"}},
+           "whole-warm-ups": {"_env": {"TRITONKIT_LIGHT_WARMUP": "0"}}, "now": {}}
 
 
 def _trace_timers(C, tuning, prepare) -> dict:
@@ -146,7 +149,7 @@ def main():
     ap.add_argument("--arch", default=None, help="TRITONKIT_FORCE_ARCH for every process (86: an RTX 30xx's path)")
     ap.add_argument("--configs", default="before,now", help="which configurations, interleaved: before (a long call "
                     "warmed twice and timed LONG_REPS times, paths by their times alone), key-at-compile (Triton's "
-                    "key computed in the calibrating call), now")
+                    "key computed in the calibrating call), whole-warm-ups (block configs warmed by whole calls), now")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

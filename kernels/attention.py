@@ -1043,8 +1043,8 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
                int64, align8, kern)
     views = (q4, k4, v4, v_view, tma_view, q_view)
 
-    def run(c, o_out, warmup=False):
-        _run(ctx, c, views, o_out, m4, warmup, None if call_key is None or o_out is not o else (call_key, c))
+    def run(c, o_out, warmup=False, light=False):
+        _run(ctx, c, views, o_out, m4, warmup, None if call_key is None or o_out is not o else (call_key, c), light)
 
     if cfg is None:
         skey = settled = None
@@ -1079,10 +1079,13 @@ class _Ctx:
             setattr(self, name, value)
 
 
-def _run(x, c, views, o_out, m4, warmup=False, plan=None):
+def _run(x, c, views, o_out, m4, warmup=False, plan=None, light=False):
     """The launches of one call with config ``c`` = (BLOCK_M, BLOCK_N, num_warps, num_stages, variant):
     ``x`` its :class:`_Ctx`, ``views`` (q4, k4, v4, V's 2-D view, K / V's 2-D views, Q's 2-D view), the
-    mask ``m4`` or None; with ``warmup`` compiled only; ``plan`` the launches' plan key (runtime.launch)."""
+    mask ``m4`` or None; with ``warmup`` compiled only; ``plan`` the launches' plan key (runtime.launch);
+    with ``light`` the attention kernel runs only its grid's first program (the 8-bit pre-pass runs
+    whole): a tuning's warm-up, which needs the kernel loaded and its launch path taken, not its GPU
+    time (``o_out`` then holds one tile)."""
     q4, k4, v4, v_view, tma_view, q_view = views
     int8, B, H, Hk, Lq, Lk, D, block_d = x.int8, x.B, x.H, x.Hk, x.Lq, x.Lk, x.D, x.block_d
     sm_scale, sq, sk, sv, so, ms = x.sm_scale, x.sq, x.sk, x.sv, x.so, x.ms
@@ -1093,11 +1096,11 @@ def _run(x, c, views, o_out, m4, warmup=False, plan=None):
         qa, qs_, ka, ks_, vf, vamax = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
                                                     sm_scale * LOG2E, bn, fp8, warmup, perm_v=fp8, plan=plan)
         attention_hopper.launch8(qa, qs_, ka, ks_, vf if fp8 else v_view, vamax, o_out, so, B, H, Hk, Lq, Lk,
-                                 D, c[:4], lk, warmup)
+                                 D, c[:4], lk, warmup, light=light)
         return
     if not int8 and variant in GLUON_VARIANTS:
         attention_hopper.launch(q_view, tma_view, o_out, so, B, H, Hk, Lq, Lk, D, sm_scale, c[:4],
-                                lk, warmup, ws=_GLUON_WS[variant])
+                                lk, warmup, ws=_GLUON_WS[variant], light=light)
         return
     pv_mode = variant if int8 else 0
     ws = not int8 and variant == TMA_WS
@@ -1125,7 +1128,7 @@ def _run(x, c, views, o_out, m4, warmup=False, plan=None):
         qa, ka, sqa, ska = q4, k4, sq, sk
         qs_ = ks_ = o_out  # unused pointers
         qss = kss = (0, 0)
-    grid = (cdiv(Lq, bm) * B * H,)
+    grid = (1,) if light else (cdiv(Lq, bm) * B * H,)
     launch_kernel(
         x.kern, grid, qa, ka, va, o_out, m4 if m4 is not None else o_out, qs_, ks_,
         vs_ if vs_ is not None else o_out, kd, vd, qd,
@@ -1242,7 +1245,7 @@ def choose_config(dev, cc, dtype, block_d, int8, kind, causal, Lq, Lk, run=None,
     if int8 and (1 in variants or G8_FP8 in variants) and len(variants) > 1:
         weight = lambda c: FP8_PV_MARGIN if c[4] in (1, G8_FP8) else 1.0  # noqa: E731
     return tuning.pick(dev, skey, cands, run=lambda c: run(c, o), warm=lambda c: run(c, o, warmup=True),
-                       weight=weight, family=lambda c: c[4], in_model=True)
+                       weight=weight, family=lambda c: c[4], in_model=True, light=lambda c: run(c, o, light=True))
 
 
 # ----------------------------------------------------------------------------- custom op

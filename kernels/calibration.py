@@ -471,12 +471,18 @@ def cuda_timer(fn: Callable, warmup: int = WARMUP, reps: int = REPS) -> float:
 
 
 def cuda_timer_interleaved(fns: dict, warmup: int = WARMUP, reps: int = REPS,
-                           on_warm: Optional[Callable] = None) -> dict:
+                           on_warm: Optional[Callable] = None, light: Optional[dict] = None) -> dict:
     """Median milliseconds the GPU spends on each ``fns[name]()``, or the exception it raised:
     each is warmed ``warmup`` times (``on_warm(name)`` after that), then the candidates are timed
     in ``reps`` interleaved rounds (A B C A B C ...) with CUDA events, the L2 cache flushed before
     each timed call (a candidate of LONG_MS or more a call: LONG_REPS rounds; of SINGLE_MS or more: one
     warm-up, where the GPU took longer than the host, and one round).
+
+    ``light[name]``, where given, warms ``name`` instead of ``fns[name]``: the same launches on a few
+    programs of their grids. A warm-up is there to load each kernel and take its launch path once (a
+    block config's first launch loads its module: 13 ms on an H100) and to measure the host's issue,
+    which the light call shares; a whole call of WAN's attention is 30-40 ms of GPU time that tells the
+    timer nothing more.
 
     Interleaved, so that a GPU whose clocks drift while it works (a long calibration heats it)
     gives every candidate the same share of fast and slow moments: timed one after the other, the
@@ -492,16 +498,17 @@ def cuda_timer_interleaved(fns: dict, warmup: int = WARMUP, reps: int = REPS,
     out: dict = {}
     host: dict = {}
     for name, fn in fns.items():
+        wfn = light.get(name) if light else None
         try:
             ts = []
             for _ in range(max(1, warmup)):
                 t0 = time.perf_counter()
-                fn()
+                (wfn or fn)()
                 t1 = time.perf_counter()
                 ts.append(t1 - t0)
                 torch.cuda.synchronize()
                 tail = time.perf_counter() - t1  # the GPU work still queued when the host was done
-                if tail * 1e3 >= SINGLE_MS and tail > ts[-1]:
+                if wfn is None and tail * 1e3 >= SINGLE_MS and tail > ts[-1]:
                     break  # a long call the GPU, not the host, takes: this one warm-up loaded it
             host[name] = min(ts)
         except Exception as e:  # noqa: BLE001 - the caller decides what a failing candidate means

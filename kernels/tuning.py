@@ -38,6 +38,8 @@ ENV_OLD = "TRITONKIT_ATTN_AUTOTUNE"
 # "0" runs every playoff at once, also inside a calibration's candidate paths (see _HELD): the behaviour
 # before 2026-11-26, for A/B runs
 HOLD_ENV = "TRITONKIT_PLAYOFF_HOLD"
+# "0": a candidate's warm-ups before its timing are whole calls, not :func:`pick`'s ``light`` ones (A/B runs)
+LIGHT_ENV = "TRITONKIT_LIGHT_WARMUP"
 MAX_COMPILE_THREADS = 8
 _CACHE: dict = {}            # store key -> chosen candidate (a tuple)
 _TRIALS: dict = {}           # store key -> kernels.trials.Trial: its playoff runs in the model's calls
@@ -90,14 +92,14 @@ def time_ms(device: torch.device, fn: Callable) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def time_all(device: torch.device, fns: dict) -> dict:
+def time_all(device: torch.device, fns: dict, light: Optional[dict] = None) -> dict:
     """Milliseconds of each ``fns[key]()`` on ``device``, or the exception it raised: on a GPU the
     candidates are timed in interleaved rounds (calibration.cuda_timer_interleaved: a GPU whose
-    clocks drift during the tuning gives each candidate the same share), elsewhere one after the
-    other with :func:`time_ms`."""
+    clocks drift during the tuning gives each candidate the same share; ``light[key]``, where
+    given, its warm-ups), elsewhere one after the other with :func:`time_ms`."""
     if device.type == "cuda":
         with torch.cuda.device(device):
-            return calibration.cuda_timer_interleaved(fns)
+            return calibration.cuda_timer_interleaved(fns, light=light)
     out = {}
     for k, fn in fns.items():
         try:
@@ -132,7 +134,7 @@ def compile_parallel(device: torch.device, warm: Callable, cands: Sequence) -> N
 
 def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
          warm: Optional[Callable] = None, weight: Optional[Callable] = None,
-         family: Optional[Callable] = None, in_model: bool = False) -> tuple:
+         family: Optional[Callable] = None, in_model: bool = False, light: Optional[Callable] = None) -> tuple:
     """The config for ``key`` among ``cands`` (tuples): this process's pick, else the stored one,
     else the fastest of ``run(c)`` timed here (after compiling all with ``warm(c)`` in parallel),
     stored. The first candidate when there is one, when timing is off, or when none runs.
@@ -141,7 +143,9 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
     the playoff takes the best of every variant that comes close, besides the best two. Inside a
     calibration's candidate path the playoff waits for the calibration's choice (:data:`_HELD`).
     ``in_model``: the caller runs the returned config at once and calls :func:`kernels.trials.end_call`
-    after its launch, so that on a GPU the playoff can run in the model's calls (kernels/trials.py)."""
+    after its launch, so that on a GPU the playoff can run in the model's calls (kernels/trials.py).
+    ``light(c)``: ``run(c)``'s launches on a few programs of their grids, for the timer's warm-ups
+    (calibration.cuda_timer_interleaved; ``TRITONKIT_LIGHT_WARMUP=0`` warms with ``run(c)``)."""
     hit = _CACHE.get(key)  # the per-call path: one dict lookup
     if hit is not None:
         return hit
@@ -194,7 +198,10 @@ def pick(device: torch.device, key: str, cands: Sequence[tuple], run: Callable,
             else:
                 compile_parallel(device, warm, cands)
         t_timed = time.perf_counter()
-        timed = time_all(device, {c: functools.partial(run, c) for c in cands})
+        if light is not None and os.environ.get(LIGHT_ENV, "1").strip() == "0":
+            light = None
+        timed = time_all(device, {c: functools.partial(run, c) for c in cands},
+                         light=None if light is None else {c: functools.partial(light, c) for c in cands})
         ms = {c: [t] for c, t in timed.items() if not isinstance(t, Exception)}  # candidate -> its timings
         owner = calibration.timing_owner() if os.environ.get(HOLD_ENV, "1").strip() != "0" else None
         if owner is not None and _finalists(ms, weight, family):

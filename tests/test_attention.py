@@ -811,6 +811,47 @@ def test_fixed_variants_and_timing_off_take_the_default(monkeypatch, tmp_path):
     assert not gpu.log[-1][1]["USE_TMA"]
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_tunings_warm_ups_run_one_program_of_each_candidate(int8, monkeypatch, tmp_path):
+    # the timer warms a block config with the call's launches on the attention kernel's first program
+    # (the 8-bit pre-pass whole); the timed calls run the whole grid. TRITONKIT_LIGHT_WARMUP=0: no light calls
+    gpu = _FakeGPU(monkeypatch, tmp_path, 90, {0: 1.0, 1: 1.0})
+    grids = []
+
+    class GridRecorder(_Recorder):
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return super().__getitem__(grid)
+    monkeypatch.setattr(A, "kernel_for", lambda fn, dev_type: GridRecorder(gpu.log) if fn is A.attn_fwd_kernel
+                        else _Recorder(gpu.prep))
+    lights = []  # each timing's light calls (the playoff after the first timing has none)
+
+    def time_all(device, fns, light=None):
+        lights.append(light)
+        out = {}
+        for c, fn in fns.items():
+            if light is not None:
+                grids.clear()
+                p0 = len(gpu.prep)
+                light[c]()
+                assert grids == [(1,)] and len(gpu.prep) == p0 + (2 if int8 else 0)
+            grids.clear()
+            out[c] = gpu.bench(device, fn)
+            assert grids == [(A.cdiv(q.shape[2], c[0]) * q.shape[0] * q.shape[1],)]
+        return out
+    monkeypatch.setattr(gpu.T, "time_all", time_all)
+    q, k, v = _qkv8(L=300)
+    A._launch(q, k, v, None, 2, True, True, None, int8, False)
+    assert lights[0] is not None and len(lights[0]) > 1
+    gpu.new_process()
+    monkeypatch.setenv(gpu.C.ENV_DIR, str(tmp_path / "calib-b"))  # nothing stored: timed again
+    gpu.C.reset()
+    lights.clear()
+    monkeypatch.setenv(gpu.T.LIGHT_ENV, "0")
+    A._launch(q, k, v, None, 2, True, True, None, int8, False)
+    assert lights and lights[0] is None and gpu.timed
+
+
 def test_no_tma_candidates_without_tensor_descriptors(monkeypatch):
     monkeypatch.delenv(A.TMA_ENV, raising=False)
     monkeypatch.setattr(A, "tensor_descriptors_available", lambda: False)  # Triton < 3.4

@@ -183,11 +183,14 @@ def _fake_gluon_gpu(monkeypatch, tmp_path, times, broken=()):
             raise RuntimeError("fake compile failure")
         calls.append((tuple(cfg), variant, warmup))
 
-    def fake_launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_fn, warmup=False, ws=False):
+    def fake_launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_fn, warmup=False, ws=False,
+                    light=False):
+        assert not light  # a CPU tensor's candidates are timed whole (tuning.time_ms)
         record(cfg, form[ws], warmup)
 
     def fake_launch8(qi, qs, ki, ks, v_view, vamax, o, so, B, H, Hk, Lq, Lk, D, cfg, launch_fn, warmup=False,
-                     pp=False):
+                     pp=False, light=False):
+        assert not light
         record(cfg, A.G8_FP8 if isinstance(v_view, torch.Tensor) else A.G8_HALF, warmup)
 
     def bench(device, fn):

@@ -1086,6 +1086,50 @@ def test_a_call_of_single_ms_is_warmed_once_and_timed_once(monkeypatch, fake_cud
     assert C.SINGLE_MS > C.LONG_MS
 
 
+def test_light_warm_ups_stand_in_for_whole_calls(monkeypatch, fake_cuda):
+    # where a candidate has a light call (its launches on a few programs), the warm-ups run that, twice
+    # even for a call of SINGLE_MS or more, and the host time they measure sets the spin; the whole
+    # call runs only to be timed (once at SINGLE_MS, every round when short). A clock the test drives,
+    # with a GPU queue: a call takes its host time at once and queues its GPU time
+    import types
+    now, queued = [0.0], [0.0]
+
+    def drain(*a):
+        now[0] += queued[0]
+        queued[0] = 0.0
+
+    class QueueEvent(_FakeEvent):
+        def record(self):
+            self.t = now[0] + queued[0]
+
+        def synchronize(self):
+            drain()
+    monkeypatch.setattr(torch.cuda, "Event", QueueEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", drain)
+    monkeypatch.setattr(C, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    spins = []
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles), raising=False)
+    monkeypatch.setattr(C, "_sleep_cycles_per_ms", lambda dev: 1000.0)
+    calls = []
+
+    def cand(name, gpu_ms, host_ms=0.2):
+        def fn():
+            calls.append(name)
+            now[0] += host_ms / 1e3
+            queued[0] += gpu_ms / 1e3
+        return fn
+    fns = {"long": cand("long", 30.0), "short": cand("short", 0.05), "plain": cand("plain", 0.05)}
+    light = {"long": cand("long-light", 0.01), "short": cand("short-light", 0.01)}
+    warmed, s0 = [], C.COUNTERS["stalled_timings"]
+    res = C.cuda_timer_interleaved(fns, warmup=2, reps=3, on_warm=warmed.append, light=light)
+    assert calls[:6] == ["long-light", "long-light", "short-light", "short-light", "plain", "plain"]
+    assert warmed == ["long", "short", "plain"]
+    assert calls[6:] == ["long", "short", "plain"] + ["short", "plain"] * 2
+    assert res["long"] == pytest.approx(30.2) and res["short"] == pytest.approx(0.25)
+    assert spins[0] == pytest.approx((2 * 0.2 + 0.05) * 1000, abs=1)  # from the light call's host time
+    assert C.COUNTERS["stalled_timings"] == s0
+
+
 def test_a_burst_times_only_its_calls_after_the_untimed_ones(monkeypatch, fake_cuda):
     now = _driven_clock(monkeypatch)
     calls = []

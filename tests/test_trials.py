@@ -175,7 +175,7 @@ def tuner(tmp_path, monkeypatch):
 
 def test_the_tuner_runs_a_gpu_playoff_in_the_models_calls(tuner, monkeypatch):
     alone = {A: 10.0, B: 10.1, D: 30.0}  # A and B tie alone; B is faster in the model
-    monkeypatch.setattr(T, "time_all", lambda device, fns: {c: alone[c] for c in fns})
+    monkeypatch.setattr(T, "time_all", lambda device, fns, light=None: {c: alone[c] for c in fns})
     monkeypatch.setattr(T, "_sustained_ms", lambda *a: pytest.fail("no bursts where the model's calls decide"))
     clock = FakeClock({A: 10.0, B: 9.0, D: 30.0})
     monkeypatch.setattr(T, "_clock", lambda device: clock)
@@ -214,7 +214,7 @@ def test_the_tuner_runs_a_gpu_playoff_in_the_models_calls(tuner, monkeypatch):
 
 def test_a_calibrations_chosen_path_starts_its_playoff_in_the_models_calls(tuner, monkeypatch):
     alone = {A: 10.0, B: 10.1, D: 30.0}
-    monkeypatch.setattr(T, "time_all", lambda device, fns: {c: alone[c] for c in fns})
+    monkeypatch.setattr(T, "time_all", lambda device, fns, light=None: {c: alone[c] for c in fns})
     monkeypatch.setattr(T, "_sustained_ms", lambda *a: pytest.fail("no bursts"))
     clock = FakeClock({A: 10.0, B: 9.0, D: 30.0})
     monkeypatch.setattr(T, "_clock", lambda device: clock)
@@ -272,7 +272,7 @@ class FakePending:
 
 def test_a_playoff_left_unsettled_starts_again_in_the_next_process(tuner, monkeypatch):
     alone = {A: 10.0, B: 10.1, D: 30.0}  # A and B tie alone; B is faster in the model
-    monkeypatch.setattr(T, "time_all", lambda device, fns: {c: alone[c] for c in fns})
+    monkeypatch.setattr(T, "time_all", lambda device, fns, light=None: {c: alone[c] for c in fns})
     clock = FakeClock({A: 10.0, B: 9.0, D: 30.0})
     monkeypatch.setattr(T, "_clock", lambda device: clock)
     gpu = torch.device("cuda")
@@ -290,7 +290,7 @@ def test_a_playoff_left_unsettled_starts_again_in_the_next_process(tuner, monkey
     assert tuner["k|r"]["playoff"] == T.IN_MODEL and tuner["k|r"]["config"] == list(A)
     # a new process: the finalists compile in the background first, the stored pick running meanwhile
     T.reset()
-    monkeypatch.setattr(T, "time_all", lambda *a: pytest.fail("nothing is timed alone again"))
+    monkeypatch.setattr(T, "time_all", lambda *a, **kw: pytest.fail("nothing is timed alone again"))
     monkeypatch.setattr(T.prepare, "available", lambda: True)
     monkeypatch.setattr(T.prepare, "busy", lambda: False)
     pending = []

@@ -273,7 +273,7 @@ def test_on_a_gpu_the_playoff_times_the_two_in_bursts_and_picks_between_them(mon
     # the burst timings decide between the best two; the alone timings still rank the rest
     lucky, steady, slow = CANDS
     bench = Bench({lucky: 1.0, steady: 1.05, slow: 3.0})
-    monkeypatch.setattr(T, "time_all", lambda device, fns: {c: bench.times[c] for c in fns})
+    monkeypatch.setattr(T, "time_all", lambda device, fns, light=None: {c: bench.times[c] for c in fns})
     bursts = []
 
     def sustained(device, fns, est):
@@ -298,7 +298,7 @@ def test_the_playoff_takes_the_best_of_each_close_variant(monkeypatch):
     a0, b0, c1, d1, far2 = (128, 64, 4, 3, 0), (128, 64, 4, 4, 0), (128, 128, 8, 3, 1), (128, 64, 8, 3, 1), \
         (64, 64, 4, 3, 2)
     alone = {a0: 34.4, b0: 35.5, c1: 36.4, d1: 40.2, far2: 34.4 * T.FAMILY_WITHIN * 1.01}
-    monkeypatch.setattr(T, "time_all", lambda device, fns: {c: alone[c] for c in fns})
+    monkeypatch.setattr(T, "time_all", lambda device, fns, light=None: {c: alone[c] for c in fns})
     bursts = []
 
     def sustained(device, fns, est):
