@@ -78,23 +78,25 @@ SINGLE_MS = 10.0
 # 34.9-35.2 against 27.9-30.5 (ComfyUI's cuDNN 36-38 alone, 38.2-39.0 back to back); timed alone, the calibration
 # took exact in 5 of 12 processes (bench/calibration_cost.py, 2026-11-27). So where the fastest path alone takes
 # PATH_BURST_MIN_MS or more a call (shorter calls cannot make a burst long enough to load the GPU: at most
-# PATH_BURST_MAX calls), it and the runner-up, where within PATH_PLAYOFF_WITHIN of it, are timed again in bursts of
+# PATH_BURST_MAX calls), it and every path within PATH_PLAYOFF_WITHIN of it are timed again in bursts of
 # back-to-back calls, about PATH_BURST_MS each with the second half timed (as kernels/trials.py times block
 # configs), up to PATH_PLAYOFF_ROUNDS rounds interleaved, and the choice between them goes by those timings. With
-# bursts the same H100 took 8-bit in 8 of 8 processes at that class. Bursts of all three paths cost 1.0 s at WAN's
-# class and 0.9 s at HunyuanVideo's 18,616 keys, where the picks were right either way; the third path alone was
-# never the one the bursts chose, so only the best two are timed again, and a second round only where it can decide
-# (PATH_BURST_DECISIVE): 0.28 s more at HunyuanVideo's class. Callers ask for it (``choose(..., bursts=True)``)
-# where the paths' kernels differ in kind (attention: cuDNN's, the exact and the 8-bit kernels). The fp8 linear's
-# paths run the same cuBLAS GEMM after a decode or a cast: in the same WAN run their bursts took 0.7 s a class at
-# 32,768 tokens and moved decode's lead from 7.5-8.7 % alone to 0.8-3.4 %, inside ComfyUI's PREFER_MARGIN, so the
-# choice went to the slower path.
+# bursts the same H100 took 8-bit in 8 of 8 processes at that class. A second round runs only where it can decide
+# (PATH_BURST_DECISIVE): 0.28 s more at HunyuanVideo's class. Only the best two alone were timed again until a cold
+# WAN workflow on an H100 timed the 8-bit path third alone (comfy 33.98, exact 30.73, 8-bit 34.08 ms; 29.9-32.9 ms
+# in the other processes measured) and stored exact, which ran 1.09x the default where 8-bit runs 1.14-1.19x
+# (2026-11-27): a third burst is five calls, about 0.17 s at that class. Callers ask for it
+# (``choose(..., bursts=True)``) where the paths' kernels differ in kind (attention: cuDNN's, the exact and the
+# 8-bit kernels). The fp8 linear's paths run the same cuBLAS GEMM after a decode or a cast: in the same WAN run
+# their bursts took 0.7 s a class at 32,768 tokens and moved decode's lead from 7.5-8.7 % alone to 0.8-3.4 %,
+# inside ComfyUI's PREFER_MARGIN, so the choice went to the slower path.
 PATH_PLAYOFF_WITHIN = 1.25
 PATH_BURST_MS = 150.0
 PATH_BURST_MAX = 32
 PATH_BURST_MIN_MS = PATH_BURST_MS / PATH_BURST_MAX
 PATH_PLAYOFF_ROUNDS = 2
-# The second round runs only where the first round's two bursts came within this of each other: the H100's bursts
+# The second round runs only where the first round's best two bursts came within this of each other, and only for
+# the paths within this of the best: the H100's bursts
 # parted them by 10-16 % in every process (WAN: 30.5-31.9 against 34.7-36.2 ms; HunyuanVideo 6.12-6.23 against
 # 6.85-7.02), where one round decides.
 PATH_BURST_DECISIVE = 0.05
@@ -584,18 +586,20 @@ def _error_text(e: Exception) -> str:
 
 
 def path_finalists(timings: dict) -> list:
-    """The paths of ``timings`` (name -> ms alone) to time again in bursts: the fastest and the runner-up,
-    where that is within PATH_PLAYOFF_WITHIN of it and it takes PATH_BURST_MIN_MS or more a call; else []."""
-    fin = sorted(timings, key=timings.get)[:2]
-    if len(fin) < 2 or timings[fin[0]] < PATH_BURST_MIN_MS or timings[fin[1]] > timings[fin[0]] * PATH_PLAYOFF_WITHIN:
+    """The paths of ``timings`` (name -> ms alone) to time again in bursts, fastest first: the fastest and every
+    other within PATH_PLAYOFF_WITHIN of it, where it takes PATH_BURST_MIN_MS or more a call; else []."""
+    order = sorted(timings, key=timings.get)
+    if not order or timings[order[0]] < PATH_BURST_MIN_MS:
         return []
-    return fin
+    fin = [n for n in order if timings[n] <= timings[order[0]] * PATH_PLAYOFF_WITHIN]
+    return fin if len(fin) > 1 else []
 
 
 def path_playoff(fns: dict, alone: dict) -> dict:
     """Milliseconds a call of each ``fns[name]()`` in bursts (:func:`burst_ms`: about PATH_BURST_MS, the second
     half timed) taken in up to PATH_PLAYOFF_ROUNDS interleaved rounds (the next only while the fastest and the
-    slowest are within PATH_BURST_DECISIVE of each other), their median; or the exception it raised.
+    runner-up are within PATH_BURST_DECISIVE of each other, and only for the paths within that of the fastest),
+    their median; or the exception it raised.
     ``alone``: each one's time alone, which sizes its bursts. A test's fake timer (:func:`set_timer`) times
     the bursts with its ``burst(name, fn)`` method; one without it times none ({})."""
     fake = getattr(_timer, "burst", None) if _timer is not None else None
@@ -605,9 +609,12 @@ def path_playoff(fns: dict, alone: dict) -> dict:
     out: dict = {}
     names = list(fns)
     for r in range(PATH_PLAYOFF_ROUNDS):
-        last = [ts[-1] for n, ts in times.items() if ts and n not in out]
-        if r and (len(last) < 2 or max(last) > min(last) * (1 + PATH_BURST_DECISIVE)):
-            break
+        if r:
+            last = {n: ts[-1] for n, ts in times.items() if ts and n not in out}
+            best = min(last.values(), default=0.0)
+            names = [n for n in names if n in last and last[n] <= best * (1 + PATH_BURST_DECISIVE)]
+            if len(names) < 2:
+                break
         for n in (names if r % 2 == 0 else names[::-1]):
             if n in out:
                 continue

@@ -140,12 +140,31 @@ def test_close_long_paths_are_chosen_by_their_bursts(store):
     assert t2.burst_asked == ["comfy", "exact", "exact", "comfy"][:2 * C.PATH_PLAYOFF_ROUNDS]
 
 
+def test_a_close_third_path_alone_is_in_the_bursts(store):
+    # a cold WAN workflow on an H100: 8-bit timed third alone (a slow moment), fastest back to back. Every path
+    # within PATH_PLAYOFF_WITHIN goes to the bursts; a second round only for those within DECISIVE of the best
+    slow = C.PATH_BURST_MIN_MS * 10
+    t = BurstTimer({"comfy": slow * 1.106, "exact": slow, "int8": slow * 1.109},
+                   {"comfy": slow * 1.24, "exact": slow * 1.10, "int8": slow * 0.98})
+    C.set_timer(t)
+    assert C.choose(CPU, "k3", CANDS, "comfy", prefer="comfy", bursts=True) == "int8"
+    assert sorted(t.burst_asked) == ["comfy", "exact", "int8"]  # one round: int8 led by more than DECISIVE
+    e = json.loads(store_file(store).read_text())["entries"]["k3"]
+    assert set(e["bursts_ms"]) == {"comfy", "exact", "int8"}
+    t = BurstTimer({"comfy": slow * 1.2, "exact": slow, "int8": slow * 1.01},
+                   {"comfy": slow * 1.3, "exact": slow, "int8": slow * (1 + C.PATH_BURST_DECISIVE / 2)})
+    C.set_timer(t)
+    assert C.choose(CPU, "k4", CANDS, "comfy", prefer="comfy", bursts=True) == "exact"
+    # round 1 all three; round 2, reversed, only the two within DECISIVE of the best
+    assert t.burst_asked == ["exact", "int8", "comfy", "int8", "exact"][:3 + 2 * (C.PATH_PLAYOFF_ROUNDS > 1)]
+
+
 def test_short_paths_and_failing_bursts(store):
     fast = C.PATH_BURST_MIN_MS / 2
     assert C.path_finalists({"comfy": fast, "exact": fast}) == []  # too short a call to load the GPU in a burst
     assert C.path_finalists({"exact": 50.0}) == []
     assert C.path_finalists({"exact": 50.0, "int8": 50.0 * (C.PATH_PLAYOFF_WITHIN + 0.01)}) == []
-    assert C.path_finalists({"int8": 50.5, "comfy": 50.0, "exact": 50.2}) == ["comfy", "exact"]  # the best two
+    assert C.path_finalists({"int8": 50.5, "comfy": 50.0, "exact": 50.2}) == ["comfy", "exact", "int8"]  # all close
     t = BurstTimer({"comfy": fast * 3, "exact": fast, "int8": fast * 1.01}, {})
     C.set_timer(t)
     assert C.choose(CPU, "ks", CANDS, "comfy", bursts=True) == "exact" and t.burst_asked == []
