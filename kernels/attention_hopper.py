@@ -593,8 +593,24 @@ def kernel(ws: bool = False, int8: bool = False):
     warp-specialised)."""
     global _KERNELS
     if _KERNELS is None:
-        _KERNELS = _build()
+        built = _build()
+        globals().update(zip(KERNEL_NAMES, built))
+        _KERNELS = built
     return _KERNELS[2 if int8 else 1 if ws else 0]
+
+
+# The kernels' names, which are also the module's attributes once built (:func:`__getattr__`): kernels/compile_pool.py's
+# workers find a kernel by its module and name, so the Gluon kernels compile there, not in a thread of ComfyUI's
+# process, whose GIL the compile would hold while the model's steps and the calibration's timings wait for it
+KERNEL_NAMES = ("attn_fwd_hopper", "attn_fwd_hopper_ws", "attn_fwd_hopper_ws8")
+
+
+def __getattr__(name: str):
+    """The Gluon kernels by name (built on first use), as a compile worker imports them."""
+    if name in KERNEL_NAMES and gluon is not None:
+        kernel()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _GL_DTYPE = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int8: "int8",

@@ -181,10 +181,15 @@ def _ram_bytes() -> Optional[int]:
         return None
 
 
+def _is_jit(obj) -> bool:
+    """A JITFunction, Gluon's included (a subclass)."""
+    return any(t.__name__ == "JITFunction" for t in type(obj).__mro__)
+
+
 def _unwrap(obj):
     """The JITFunction under Triton's autotuner / heuristics wrappers."""
     seen = 0
-    while obj is not None and type(obj).__name__ != "JITFunction" and hasattr(obj, "fn") and seen < 8:
+    while obj is not None and not _is_jit(obj) and hasattr(obj, "fn") and seen < 8:
         obj, seen = obj.fn, seen + 1
     return obj
 
@@ -228,7 +233,8 @@ def job_of(compile_fn) -> Optional[dict]:
         job = {"module": module[len(_ROOT) + 1:], "name": name,
                "signature": src.signature, "constexprs": src.constants, "attrs": src.attrs,
                "target": env["target"], "options": dict(env["options"].__dict__),
-               "env_vars": env.get("env_vars"), "cache_dir": _cache_dir()}
+               "env_vars": env.get("env_vars"), "cache_dir": _cache_dir(),
+               "gluon": bool(getattr(jit, "is_gluon", lambda: False)())}
         pickle.dumps(job)
     except Exception:  # noqa: BLE001 - anything unusual: the thread compiles it
         return None
@@ -544,6 +550,8 @@ def _compile(job: dict) -> None:
             knobs.cache.dir = job["cache_dir"]
         except Exception:  # noqa: BLE001 - an older Triton: the inherited environment
             pass
+    if job.get("gluon"):  # a Gluon kernel's source makes its IR its own way
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: F811
     mod = importlib.import_module(f"{_WORKER_ROOT}.{job['module']}")
     jit = _unwrap(getattr(mod, job["name"]))
     src = ASTSource(jit, job["signature"], job["constexprs"], job["attrs"])

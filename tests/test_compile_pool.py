@@ -421,3 +421,42 @@ def test_the_worker_imports_the_pack_under_comfyuis_module_name(tmp_path, monkey
         proc.wait(timeout=60)
     assert proc.returncode == 0
     assert any(f.endswith(".cubin") for _, _, fs in os.walk(tmp_path / "cache") for f in fs)
+
+
+def test_a_worker_compiles_a_gluon_kernel_too(pool, monkeypatch):
+    """The Gluon kernels (kernels/attention_hopper.py, built on first use) are the module's attributes by name, so
+    a worker compiles them (with Gluon's own source class) and the thread only loads the result: a compile in a
+    thread would hold ComfyUI's GIL while the model's steps and the calibration's timings wait."""
+    from tritonkit.kernels import attention_hopper as AH
+    if not AH.gluon_available():
+        pytest.skip("this Triton has no Gluon Hopper API (Triton < 3.5)")
+    import torch
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    p, made = pool
+    real = GluonASTSource.make_ir
+    monkeypatch.setattr(GluonASTSource, "make_ir", lambda self, *a, **kw: made.append(self.fn.__name__) or real(self, *a, **kw))
+    jit, sig, consts, opts = AH.compile_spec8(torch.bfloat16, 128, AH.candidates8(128, True)[0], fp8_pv=True)
+    assert jit is AH.attn_fwd_hopper_ws8 and AH.KERNEL_NAMES[2] == "attn_fwd_hopper_ws8"
+    self, src, target = jit, GluonASTSource(jit, sig, consts), GPUTarget("cuda", 90, 32)
+    options = make_backend(target).parse_options({"num_warps": opts["num_warps"], "num_stages": opts["num_stages"]})
+    env_vars = get_cache_invalidating_env_vars()
+
+    def async_compile():  # what JITFunction._do_compile hands the executor (its names), for a Gluon kernel
+        return getattr(self, "compile", triton.compile)(src, target=target, options=options.__dict__,
+                                                         _env_vars=env_vars)
+    job = CP.job_of(async_compile)
+    assert job is not None and job["gluon"] is True and job["module"] == "kernels.attention_hopper", job
+    assert job["name"] == "attn_fwd_hopper_ws8"
+    ex = CP.RoutingExecutor(1)
+    try:
+        kernel = ex.submit(async_compile).result(timeout=600)
+    finally:
+        ex.shutdown()
+    assert CP.COUNTERS["worker_compiles"] == 1 and CP.COUNTERS["thread_compiles"] == 0, CP.COUNTERS
+    assert made == [], made  # the worker's compile, loaded here from Triton's cache
+    assert len(kernel.asm["cubin"]) > 0 and "wgmma" in kernel.asm["ptx"]
+    with pytest.raises(AttributeError):
+        AH.not_a_kernel  # noqa: B018 - the module's __getattr__ answers only the kernels' names
