@@ -79,6 +79,8 @@ KERNEL_MODULES = ("kernels.fp8", "kernels.fp8_linear", "kernels.attention")
 # ``async_compile``, Triton 3.4 to 3.8): the kernel, its ASTSource, the target, the options, the
 # environment that keys the cache.
 _CLOSURE = ("self", "src", "target", "options")
+# "0": the Gluon kernels compile in a thread of this process, as before 2026-11-27 (A/B runs)
+GLUON_ENV = "TRITONKIT_GLUON_IN_WORKERS"
 
 COUNTERS = {"worker_compiles": 0, "worker_errors": 0, "thread_compiles": 0, "worker_starts": 0, "cache_hits": 0,
             "worker_idle_exits": 0}
@@ -223,6 +225,9 @@ def job_of(compile_fn) -> Optional[dict]:
     if env is None:
         return None
     jit, src = env["self"], env["src"]
+    gluon = bool(getattr(jit, "is_gluon", lambda: False)())
+    if gluon and os.environ.get(GLUON_ENV, "1").strip() == "0":
+        return None
     fn = getattr(jit, "fn", None)
     module, name = getattr(fn, "__module__", None), getattr(fn, "__name__", None)
     if not module or not name or not module.startswith(_ROOT + ".") or module not in sys.modules:
@@ -234,7 +239,7 @@ def job_of(compile_fn) -> Optional[dict]:
                "signature": src.signature, "constexprs": src.constants, "attrs": src.attrs,
                "target": env["target"], "options": dict(env["options"].__dict__),
                "env_vars": env.get("env_vars"), "cache_dir": _cache_dir(),
-               "gluon": bool(getattr(jit, "is_gluon", lambda: False)())}
+               "gluon": gluon}
         pickle.dumps(job)
     except Exception:  # noqa: BLE001 - anything unusual: the thread compiles it
         return None

@@ -450,6 +450,9 @@ def test_a_worker_compiles_a_gluon_kernel_too(pool, monkeypatch):
     job = CP.job_of(async_compile)
     assert job is not None and job["gluon"] is True and job["module"] == "kernels.attention_hopper", job
     assert job["name"] == "attn_fwd_hopper_ws8"
+    monkeypatch.setenv(CP.GLUON_ENV, "0")
+    assert CP.job_of(async_compile) is None  # as before: the thread compiles it
+    monkeypatch.delenv(CP.GLUON_ENV)
     ex = CP.RoutingExecutor(1)
     try:
         kernel = ex.submit(async_compile).result(timeout=600)
