@@ -1063,9 +1063,10 @@ def test_a_long_candidate_is_timed_fewer_rounds(monkeypatch, fake_cuda):
     assert res["long"] == pytest.approx(3.0) and res["short"] == pytest.approx(0.05)
 
 
-def test_a_call_of_single_ms_is_warmed_once_and_timed_once(monkeypatch, fake_cuda):
-    # a clock the test drives, with a GPU queue: a call takes its host time at once and leaves its GPU time
-    # queued, which a synchronisation waits for and an event recorded after it lands behind
+def _queued_clock(monkeypatch):
+    """A clock the test drives, with a GPU queue: a call takes its host time at once and leaves its GPU time
+    queued (``drain`` runs it), which a synchronisation waits for and an event recorded after it lands behind.
+    Returns (now, queued, drain)."""
     import types
     now, queued = [0.0], [0.0]
 
@@ -1082,6 +1083,11 @@ def test_a_call_of_single_ms_is_warmed_once_and_timed_once(monkeypatch, fake_cud
     monkeypatch.setattr(torch.cuda, "Event", QueueEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", drain)
     monkeypatch.setattr(C, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    return now, queued, drain
+
+
+def test_a_call_of_single_ms_is_warmed_once_and_timed_once(monkeypatch, fake_cuda):
+    now, queued, drain = _queued_clock(monkeypatch)
     monkeypatch.setattr(C, "_sleep_cycles_per_ms", lambda dev: None)
     calls = []
 
@@ -1108,24 +1114,8 @@ def test_a_call_of_single_ms_is_warmed_once_and_timed_once(monkeypatch, fake_cud
 def test_light_warm_ups_stand_in_for_whole_calls(monkeypatch, fake_cuda):
     # where a candidate has a light call (its launches on a few programs), the warm-ups run that, twice
     # even for a call of SINGLE_MS or more, and the host time they measure sets the spin; the whole
-    # call runs only to be timed (once at SINGLE_MS, every round when short). A clock the test drives,
-    # with a GPU queue: a call takes its host time at once and queues its GPU time
-    import types
-    now, queued = [0.0], [0.0]
-
-    def drain(*a):
-        now[0] += queued[0]
-        queued[0] = 0.0
-
-    class QueueEvent(_FakeEvent):
-        def record(self):
-            self.t = now[0] + queued[0]
-
-        def synchronize(self):
-            drain()
-    monkeypatch.setattr(torch.cuda, "Event", QueueEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", drain)
-    monkeypatch.setattr(C, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    # call runs only to be timed (once at SINGLE_MS, every round when short)
+    now, queued, _ = _queued_clock(monkeypatch)
     spins = []
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles), raising=False)
     monkeypatch.setattr(C, "_sleep_cycles_per_ms", lambda dev: 1000.0)
