@@ -852,6 +852,37 @@ def test_a_tunings_warm_ups_run_one_program_of_each_candidate(int8, monkeypatch,
     assert lights and lights[0] is None and gpu.timed
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_light_call_computes_the_first_tile_only(int8, monkeypatch, tmp_path):
+    # in the interpreter, on fresh random data: a tuning's light call (the warm-up) writes the first BLOCK_M rows
+    # of batch 0, head 0, right against the float64 reference, and leaves the poisoned rest alone
+    from tritonkit.kernels import calibration as C
+    from tritonkit.kernels import tuning as T
+    monkeypatch.setenv(C.ENV_DIR, str(tmp_path / "calib"))
+    C.reset()
+    T.cache().clear()
+    monkeypatch.setattr(A, "_device_cc", lambda dev: 80)
+    gen = torch.Generator().manual_seed(torch.seed() % 2 ** 31)
+    B, H, L, D = 2, 2, 160, 32
+    q, k, v = (torch.randn(B, H, L, D, generator=gen).to(torch.float16) for _ in range(3))
+    out = torch.full((B, H, L, D), float("nan"), dtype=torch.float16)
+    seen = {}
+
+    def pick(device, key, cands, run, warm=None, weight=None, family=None, in_model=False, light=None):
+        c = next(c for c in cands if c[0] < L)  # a tile smaller than the sequence: the rest stays poisoned
+        light(c)
+        seen["after"], seen["cfg"] = out.clone(), c
+        return c
+    monkeypatch.setattr(T, "pick", pick)
+    with A._interpreted_device_calls("cpu"):
+        A._launch(q, k, v, None, H, True, True, None, int8, False, out=out)
+    after, bm = seen["after"], seen["cfg"][0]
+    ref = A.attention_reference(q, k, v, layout="bhld")
+    check(after[0, 0, :bm], ref[0, 0, :bm], torch.float16, "int8" if int8 else "exact", "the light call's tile")
+    assert torch.isnan(after[0, 0, bm:]).all() and torch.isnan(after[0, 1:]).all() and torch.isnan(after[1:]).all()
+    check(out, ref, torch.float16, "int8" if int8 else "exact", "the call after it")  # the whole grid then
+
+
 def test_no_tma_candidates_without_tensor_descriptors(monkeypatch):
     monkeypatch.delenv(A.TMA_ENV, raising=False)
     monkeypatch.setattr(A, "tensor_descriptors_available", lambda: False)  # Triton < 3.4
