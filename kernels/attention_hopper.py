@@ -129,7 +129,11 @@ def eligible(cc, dtype, head_dim: int, masked: bool, causal: bool) -> bool:
             and not masked and not causal and gluon_available())
 
 
-_KERNELS = None
+_KERNELS = None  # what _build() returns, in KERNEL_NAMES' order
+# The kernels' names, which are also the module's attributes once built (:func:`__getattr__`): kernels/compile_pool.py's
+# workers find a kernel by its module and name, so the Gluon kernels compile there, not in a thread of ComfyUI's
+# process, whose GIL the compile would hold while the model's steps and the calibration's timings wait for it
+KERNEL_NAMES = ("attn_fwd_hopper", "attn_fwd_hopper_ws", "attn_fwd_hopper_ws8")
 # setmaxnreg requests of the warp-specialised kernel's worker partitions (a multiple of 8, 24-256)
 WS_CONSUMER_REGS = 232
 WS_PRODUCER_REGS = 40
@@ -597,12 +601,6 @@ def kernel(ws: bool = False, int8: bool = False):
         globals().update(zip(KERNEL_NAMES, built))
         _KERNELS = built
     return _KERNELS[2 if int8 else 1 if ws else 0]
-
-
-# The kernels' names, which are also the module's attributes once built (:func:`__getattr__`): kernels/compile_pool.py's
-# workers find a kernel by its module and name, so the Gluon kernels compile there, not in a thread of ComfyUI's
-# process, whose GIL the compile would hold while the model's steps and the calibration's timings wait for it
-KERNEL_NAMES = ("attn_fwd_hopper", "attn_fwd_hopper_ws", "attn_fwd_hopper_ws8")
 
 
 def __getattr__(name: str):
