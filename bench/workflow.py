@@ -1084,6 +1084,9 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
         steps_t, timer.frames + [dynamo_main["frames"]] if compiled else None,  # not the second size's frames
         timer.calib[:len(steps_t)] + [timer.calib_count()])
     rec["calibrating_steps"] = [i + 1 for i in calibrating]
+    # an eager run whose calibration worked up to its last step has no step on its settled paths: its
+    # s/step (from step 2) holds the calibration, and the rounds' summary reports it apart (summarize)
+    rec["steady"] = bool(compiled or not calibrating or calibrating[-1] + 1 < len(steps_t))
     if extra is not None:
         rec["calibration_extra_s"] = extra
     rest = steps_t[first_timed:]
@@ -1279,6 +1282,8 @@ def markdown(meta: dict, results: list[dict]) -> str:
                          f"{fc.get('layers_left_on_comfyui', 0)} left on ComfyUI's path")
 
 
+        if r.get("steady") is False:
+            notes.append("calibrated in every step: its s/step holds the calibration")
         cal = r.get("calibration") or {}
         if cal.get("calibrations"):
             picks = {}
@@ -1309,17 +1314,33 @@ def _spread(xs: list) -> dict:
 
 def summarize(results: list[dict]) -> list[dict]:
     """Per configuration over the rounds: s/step and the per-round ratios against the default
-    (same mode, and eager), each as median / min / max."""
+    (same mode, and eager), each as median / min / max, over its steady rounds.
+
+    A round whose run calibrated in every step (``steady`` False: a cold shape class timed at its last
+    step, or a short run) has no step on the paths the calibration settled; it is not a figure of
+    those paths. It is left out of the ratios and "never slower" and reported on its own
+    (``calibrating_rounds``): its ratio, and the seconds its steps took beyond the same
+    configuration's steady rounds (median of their step sums), the calibration's price once. With no
+    steady round at all, every round counts as before."""
     groups: dict = {}
     for r in results:
         if r.get("error") or r.get("skipped") or r.get("s_per_step") is None:
             continue
         groups.setdefault(r.get("base_label", r["run"]), []).append(r)
     out = []
-    for label, rs in groups.items():
-        row = {"config": label, "rounds": len(rs), "s_per_step": _spread([r["s_per_step"] for r in rs]),
+    for label, every in groups.items():
+        rs = [r for r in every if r.get("steady", True)] or every
+        row = {"config": label, "rounds": len(every), "s_per_step": _spread([r["s_per_step"] for r in rs]),
                "x_default_same_mode": _spread([r.get("speedup_vs_default_same_mode") for r in rs]),
                "x_default_eager": _spread([r.get("speedup_vs_default_eager") for r in rs])}
+        if len(rs) < len(every):
+            sums = [sum(r["step_times_s"]) for r in rs if r.get("step_times_s")]
+            base = statistics.median(sums) if sums else None
+            row["calibrating_rounds"] = [
+                {"run": r["run"], "x_default_same_mode": r.get("speedup_vs_default_same_mode"),
+                 "s_more_than_steady": (round(sum(r["step_times_s"]) - base, 3)
+                                        if base is not None and r.get("step_times_s") else None)}
+                for r in every if r not in rs]
         x = row["x_default_same_mode"]
         if x and rs[0]["config"] != "default":
             row["never_slower"] = x["min"] >= 1.0
@@ -1334,13 +1355,18 @@ def _summary_markdown(summary: list[dict]) -> list[str]:
     def sp(d, nd=3):
         return f"{_fmt(d['median'], nd)} ({_fmt(d['min'], nd)}–{_fmt(d['max'], nd)})" if d else "–"
     lines = ["", "Interleaved rounds: median (min–max) over the rounds; × = the round's default s/step ÷ this "
-             "run's, so ≥ 1 at the minimum means never slower in any round.", "",
-             "| configuration | rounds | s/step | × default (same mode) | × default eager | never slower |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
+             "run's, so ≥ 1 at the minimum means never slower in any round. A round that calibrated in every "
+             "step is not in them: the last column gives its × and the seconds its steps took beyond the "
+             "configuration's steady rounds.", "",
+             "| configuration | rounds | s/step | × default (same mode) | × default eager | never slower "
+             "| calibrating in every step |",
+             "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in summary:
         ns = "" if "never_slower" not in r else ("yes" if r["never_slower"] else "**no**")
+        cal = "; ".join(f"{c['run']}: {_fmt(c['x_default_same_mode'], 3)}×, "
+                        f"+{_fmt(c['s_more_than_steady'], 2)} s" for c in r.get("calibrating_rounds", ()))
         lines.append(f"| {r['config']} | {r['rounds']} | {sp(r['s_per_step'], 4)} | {sp(r['x_default_same_mode'])} "
-                     f"| {sp(r['x_default_eager'])} | {ns} |")
+                     f"| {sp(r['x_default_eager'])} | {ns} | {cal or '–'} |")
     return lines
 
 

@@ -532,3 +532,48 @@ def test_trace_prepare_records_the_background_compiles_started(monkeypatch):
     wf._trace_prepare(attn_mod)  # once: not wrapped twice
     assert prep.prepare({"exact": 1, "int8": 2}) == ["future:exact", "future:int8"]
     assert [c[1:] for c in wf._PREPARE_CALLS] == [[2, "exact"]] and wf._PREPARE_CALLS[0][0] > 0
+
+
+def test_a_round_that_calibrated_in_every_step_is_reported_apart():
+    """A cold round whose calibration worked up to its last step (HunyuanVideo natively, 4 steps, on an
+    H100: 0.758× with steps 4.86, 1.07, 1.84, 1.44 s, then 1.143× stored) is not a figure of the settled
+    paths: it leaves the ratios and "never slower", and the summary gives its × and the seconds it took
+    beyond the steady rounds. A configuration with no steady round keeps every round."""
+    import random
+    import statistics
+    import torch
+    import workflow as wf
+    rng = random.Random()
+    ref = torch.randn(1, 4, 4, 4)
+    d_steps = [[rng.uniform(1.0, 1.2) for _ in range(4)] for _ in range(3)]
+    b_steps = [[rng.uniform(3.0, 5.0)] + [rng.uniform(1.3, 1.8) for _ in range(3)]] + \
+        [[rng.uniform(0.8, 0.95) for _ in range(4)] for _ in range(2)]
+    results = []
+    for i in range(3):
+        for config, steps, steady in (("default", d_steps[i], True), ("both", b_steps[i], i > 0),
+                                      ("fp8", b_steps[0], False)):
+            run = wf.Run("hunyuan", config, round=i + 1)
+            results.append({"run": run.label, "base_label": run.base_label, "round": i + 1, "model": "hunyuan",
+                            "config": config, "fp8": None, "attention": None, "compiled": False,
+                            "arch": "native", "step_times_s": steps, "s_per_step": statistics.median(steps[1:]),
+                            "first_step_s": steps[0], "latent": ref, "steady": steady})
+    meta = {"versions": {"cpu": "x", "cpu_count": 2, "torch": "t", "triton": "tr", "python": "p", "comfyui": "c"},
+            "command": "cmd", "steps": 4, "models": {}}
+    doc, md = wf.write_outputs(None, meta, results)
+    summ = {r["config"]: r for r in doc["summary"]}
+    both = summ["hunyuan:both"]
+    steady_x = sorted(statistics.median(d[1:]) / statistics.median(b[1:]) for d, b in zip(d_steps[1:], b_steps[1:]))
+    assert both["rounds"] == 3 and both["x_default_same_mode"]["n"] == 2
+    assert both["x_default_same_mode"]["min"] == pytest.approx(steady_x[0])
+    assert both["never_slower"] is True
+    (cal,) = both["calibrating_rounds"]
+    assert cal["run"] == "hunyuan:both"
+    assert cal["x_default_same_mode"] == pytest.approx(statistics.median(d_steps[0][1:]) /
+                                                       statistics.median(b_steps[0][1:]))
+    assert cal["s_more_than_steady"] == pytest.approx(
+        sum(b_steps[0]) - statistics.median([sum(b_steps[1]), sum(b_steps[2])]), abs=1e-3)
+    # every round calibrating: all of them count, and the configuration is judged on them
+    fp8 = summ["hunyuan:fp8"]
+    assert fp8["x_default_same_mode"]["n"] == 3 and "calibrating_rounds" not in fp8 and fp8["never_slower"] is False
+    assert "calibrated in every step: its s/step holds the calibration" in md
+    assert "| hunyuan:both | 3 |" in md and "hunyuan:both: " in md and "| hunyuan:default | 3 |" in md
