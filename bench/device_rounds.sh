@@ -22,7 +22,11 @@
 #            process with its own empty Triton cache and calibration folders, interleaved A B A B (COLD_ORDER);
 #            COLD_<letter> (COLD_A, COLD_B...): the environment that letter's processes run with (e.g.
 #            COLD_A="TRITONKIT_PLAYOFF_IN_MODEL=0"), COLD_PLAN_<letter> a plan of their own; each process at
-#            most COLD_S seconds, traced; COLD_PRESET another preset (gpu-scaled: Flux, with COLD_PLAN=flux-scaled:both@86)
+#            most COLD_S seconds, traced; COLD_PRESET another preset (gpu-scaled: Flux, with COLD_PLAN=flux-scaled:both@86);
+#            COLD_SEED_PLAN (with COLD_SEED_PRESET, default gpu-scaled): a second model on a warm cache. One process
+#            first runs that plan (e.g. flux-scaled:both) into a seed Triton cache and calibration folder, and each
+#            cold process starts on a copy of both, as a user who ran that model before
+#            (e.g. COLD_SEED_PLAN=flux-scaled:both COLD_PLAN=hunyuan-scaled:both COLD_B="TRITONKIT_COMPILE_WORKERS=auto")
 #   CAL_S    bench/calibration_cost.py for each of CAL_SPECS ("shape:rounds[:arch] ...", default "wan:3: hunyuan:2:"),
 #            CAL_CONFIGS its --configs (default before,now); each spec at most CAL_S seconds
 #   REQUIRE_GPU  a word the GPU's name must contain (e.g. H200): the call exits 3 at once otherwise, before any part
@@ -134,10 +138,21 @@ if [ "${STORED_S:-0}" != 0 ]; then
   done
 fi
 if [ "${COLD_S:-0}" != 0 ]; then
+  seed=
+  if [ -n "${COLD_SEED_PLAN:-}" ]; then
+    seed="/tmp/tk_cold_seed_$(date +%s%N)"
+    OUT="$O/cold_seed" TRITON_CACHE_DIR="$seed/triton" timeout "$COLD_S" bash bench/device_workflow.sh --comfyui 0.8.0 \
+      --preset "${COLD_SEED_PRESET:-gpu-scaled}" --steps 3 --rounds 1 --budget-s $(( COLD_S - 10 )) \
+      --calibration-dir "$seed/cal" --plan "$COLD_SEED_PLAN" > "$O/cold_seed.log" 2>&1
+    echo "cold seed ($COLD_SEED_PLAN) rc=$?: $(find "$seed/triton" -name '*.json' 2>/dev/null | wc -l) files in its Triton cache"
+  fi
   for r in ${COLD_ORDER:-A1 B1 A2 B2}; do
     l=${r%%[0-9]*} && ev="COLD_$l" && pv="COLD_PLAN_$l"
     envs=${!ev:-} plan=${!pv:-}
     tag="${r}_$(date +%s%N)"  # folders of their own: a warm machine keeps /tmp between calls
+    if [ -n "$seed" ]; then
+      cp -r "$seed/triton" "/tmp/tk_cold_triton_$tag" && cp -r "$seed/cal" "/tmp/tk_cold_cal_$tag"
+    fi
     # shellcheck disable=SC2086
     env $envs OUT="$O/cold_$r" TRITON_CACHE_DIR="/tmp/tk_cold_triton_$tag" TK_BENCH_TRACE_COMPILES=1 \
       timeout "$COLD_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset "${COLD_PRESET:-gpu-hunyuan-scaled}" \
