@@ -1329,18 +1329,19 @@ def summarize(results: list[dict]) -> list[dict]:
         groups.setdefault(r.get("base_label", r["run"]), []).append(r)
     out = []
     for label, every in groups.items():
-        rs = [r for r in every if r.get("steady", True)] or every
+        steady = [r for r in every if r.get("steady", True)]
+        rs, calibrating = (steady, [r for r in every if not r.get("steady", True)]) if steady else (every, [])
         row = {"config": label, "rounds": len(every), "s_per_step": _spread([r["s_per_step"] for r in rs]),
                "x_default_same_mode": _spread([r.get("speedup_vs_default_same_mode") for r in rs]),
                "x_default_eager": _spread([r.get("speedup_vs_default_eager") for r in rs])}
-        if len(rs) < len(every):
+        if calibrating:
             sums = [sum(r["step_times_s"]) for r in rs if r.get("step_times_s")]
             base = statistics.median(sums) if sums else None
             row["calibrating_rounds"] = [
                 {"run": r["run"], "x_default_same_mode": r.get("speedup_vs_default_same_mode"),
                  "s_more_than_steady": (round(sum(r["step_times_s"]) - base, 3)
                                         if base is not None and r.get("step_times_s") else None)}
-                for r in every if r not in rs]
+                for r in calibrating]
         x = row["x_default_same_mode"]
         if x and rs[0]["config"] != "default":
             row["never_slower"] = x["min"] >= 1.0
