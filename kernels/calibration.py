@@ -768,6 +768,12 @@ def choose(device, key: str, candidates: dict, default: str, *, what: str = "",
         bar = _progress_factory(len(candidates)) if _progress_factory is not None else None
         step = (lambda name: bar.update(1)) if bar is not None else None  # noqa: E731
         timings, errors = {}, {}
+        if _timer is None:
+            # The model's GPU work queued so far finishes here, before the clock starts: the timer's first
+            # warm-up would wait for it anyway. A class met at the end of a forward (a model's last Linear,
+            # HunyuanVideo's and WAN's N=64 projection at 32k tokens) counted 0.35-0.54 s of that wait as its
+            # calibration's, for timings of 0.06 ms a call (H100 and H200, 2026-11-27).
+            torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         # the candidates' own block configs are tuned at once here, not deferred (kernels/tuning.py):
         # each candidate is timed at its best
