@@ -25,7 +25,11 @@ more once per cold cache. So by default (``TRITONKIT_COMPILE_WORKERS`` unset, or
 when that is now: where Triton's cache folder holds nothing the pack compiled with this Triton and these
 kernel sources (:func:`cold`, a small marker file that the first background compile writes into the
 folder; ``install.py`` empties it with the folder), and only as many as a tenth of the machine's RAM
-holds (:func:`cold_workers`); once idle they exit for good. ``0`` turns them off, ``auto`` (one core
+holds (:func:`cold_workers`); once idle they exit for good. A model that Triton's cache holds no kernels
+for, on a cache another model warmed, is the same case: a node that patches it starts them
+(:func:`start_for_model`; the marker also lists the models the pack compiled for). Measured on an H100
+(2026-11-27, HunyuanVideo natively after Flux, 8 workers from ComfyUI's start against the 15 threads):
+a first step of 2.15-2.60 s against 6.56-6.73, and 3.27 s of cold cost over 12 steps against 8.07. ``0`` turns them off, ``auto`` (one core
 less than the machine has, at most MAX_WORKERS) or a number turns them on at every start. Measured
 (Triton 3.6.0, torch 2.11, HunyuanVideo eager @86, every cache empty, 8 workers against the threads,
 A B A B): the cold calibration's extra time 4.51-4.88 s against 5.55-5.57 on an H100, 6.15-6.32 against
@@ -54,8 +58,11 @@ from typing import Optional
 log = logging.getLogger("TritonKit")
 
 WORKERS_ENV = "TRITONKIT_COMPILE_WORKERS"
-# The marker file, in Triton's cache folder, that says the pack's kernels were compiled there (cold()).
+# The marker file, in Triton's cache folder, that says the pack's kernels were compiled there (cold()), and
+# for which models (seen()): {"triton": ..., "kernels": ..., "models": [fingerprint, ...]}.
 MARK_FILE = "tritonkit-compiled.json"
+# The marker keeps this many models' fingerprints, the latest.
+MAX_MODELS = 64
 # Without the variable, workers start on a cold cache only, at most as many as RAM_SHARE of the machine's
 # RAM holds at WORKER_RAM bytes each (the resident size of a worker on Linux, torch and Triton imported).
 WORKER_RAM = 600 * 2**20
@@ -137,39 +144,62 @@ def stamp() -> dict:
     return {"triton": getattr(triton, "__version__", "?"), "kernels": h.hexdigest()[:16]}
 
 
+def _marker(cache_dir: Optional[str]) -> Optional[dict]:
+    """The marker's content; None where there is none or it can't be read."""
+    if not cache_dir:
+        return None
+    try:
+        with open(os.path.join(cache_dir, MARK_FILE), encoding="utf-8") as f:
+            m = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) else None
+
+
 def cold(cache_dir: Optional[str], want: dict) -> bool:
     """Whether Triton's cache folder holds nothing the pack compiled with ``want`` (:func:`stamp`): no
     marker, an unreadable one, or one of another Triton or other kernel sources."""
-    if not cache_dir:
-        return True
-    try:
-        with open(os.path.join(cache_dir, MARK_FILE), encoding="utf-8") as f:
-            return json.load(f) != want
-    except (OSError, ValueError):
-        return True
+    m = _marker(cache_dir)
+    return m is None or {k: m.get(k) for k in want} != want
+
+
+def seen(cache_dir: Optional[str], want: dict, model: str) -> bool:
+    """Whether the marker says the pack compiled ``model``'s kernels (a fingerprint the nodes make) into
+    Triton's cache folder with ``want``."""
+    m = _marker(cache_dir)
+    return m is not None and {k: m.get(k) for k in want} == want and model in (m.get("models") or ())
 
 
 _marked = False
+# the fingerprints of the models the nodes patched in this process, for the marker
+_models: list = []
+_models_lock = threading.Lock()
 
 
 def mark_compiled(cache_dir: Optional[str] = None) -> None:
-    """Writes the marker once per process, after a background compile succeeded (written whole or not
-    at all; a folder that can't take it only means workers at the next start)."""
+    """Writes the marker, with the models patched so far, after a background compile succeeded: once per
+    process, and again once a node patched a model the marker does not list (written whole or not at all;
+    a folder that can't take it only means workers at the next start)."""
     global _marked
-    if _marked:
-        return
-    _marked = True
+    with _models_lock:
+        if _marked:
+            return
+        _marked = True
+        mine = list(_models)
     cache_dir = cache_dir or _cache_dir()
     if not cache_dir:
         return
     try:
         want = stamp()
-        if not cold(cache_dir, want):
+        m = None if cold(cache_dir, want) else _marker(cache_dir)
+        listed = [x for x in (m or {}).get("models") or () if isinstance(x, str)]
+        new = [x for x in mine if x not in listed]
+        if m is not None and not new:
             return
         os.makedirs(cache_dir, exist_ok=True)
         tmp = os.path.join(cache_dir, f"{MARK_FILE}.{os.getpid()}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(want, f)
+            json.dump(dict(want, models=(listed + new)[-MAX_MODELS:]), f)
         os.replace(tmp, os.path.join(cache_dir, MARK_FILE))
     except Exception as e:  # noqa: BLE001
         log.debug("TritonKit: could not mark Triton's cache as compiled (%s)", e)
@@ -469,6 +499,43 @@ def _start_if_cold() -> bool:
     _cold_n = n
     log.info("TritonKit: Triton's cache holds none of the pack's kernels yet: %d compile worker(s) start for the "
              "first run (%s=0 turns them off)", n, WORKERS_ENV)
+    start()
+    return pool() is not None
+
+
+def start_for_model(model: str) -> bool:
+    """When a node patches a model (``model``: a fingerprint of it and the node's settings, which the nodes
+    make), by default: workers start, as many as for a cold cache, where the marker does not list the model
+    and none run in this process. Whether they did. A cache that another model warmed gave none at ComfyUI's
+    start, and the model's first step then compiled its kernels in 15 threads against the model's own
+    (see the module's docstring). The marker lists the model after its first successful background compile.
+    Workers set by the variable (a number, ``auto``) start at the first compile anyway; ``0`` keeps them off."""
+    global _cold_n, _marked, _pool
+    with _models_lock:
+        if model not in _models:
+            _models.append(model)
+            _marked = False
+    if not _by_default():
+        return False
+    p = _pool
+    if p is not None and not p.closed:
+        return False
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return False
+        n = cold_workers(os.cpu_count(), _ram_bytes())
+        if n <= 0 or seen(_cache_dir(), stamp(), model):
+            return False
+    except Exception as e:  # noqa: BLE001 - Triton that does not import: the self-test says why
+        log.debug("TritonKit: no compile workers (%s: %s)", type(e).__name__, e)
+        return False
+    with _pool_lock:
+        if _pool is not None and _pool.closed:  # the cold start's workers, exited idle for good
+            _pool = None
+    _cold_n = n
+    log.info("TritonKit: Triton's cache holds none of this model's kernels yet: %d compile worker(s) start for "
+             "its first run (%s=0 turns them off)", n, WORKERS_ENV)
     start()
     return pool() is not None
 

@@ -24,6 +24,7 @@ try:  # a broken Triton must not stop the node from loading: every call then fal
     from ..kernels.runtime import cpu_mode, force_triton_on_cpu
     from ..kernels import arch_probe, fast_launch, roofline
     from . import calibration as calib
+    from . import compile_workers
     _IMPORT_ERROR = None
 except Exception as _e:  # noqa: BLE001
     A = None
@@ -376,6 +377,7 @@ def patch_model(model, mode: str):
         capability(dev)  # looked up here, in eager code: a compiled model's traced calls read it as a constant
         if A is not None:
             arch_probe.dot_has_tensor_cores(_arch(torch.device(dev)))  # likewise (a compile, below sm80 only)
+            compile_workers.start_for(model, f"attention|{mode}|sm{_arch(torch.device(dev))}")
     clone = model.clone()
     topts = clone.model_options.setdefault("transformer_options", {})
     topts["optimized_attention_override"] = make_override(mode)

@@ -764,6 +764,9 @@ def patch_model(model, mode: str = "auto"):
     if not plan.active:
         log_once("report:" + text, text.replace("\n", "; "))
         return model, text
+    if plan.layers:
+        from . import compile_workers
+        compile_workers.start_for(model, f"fp8|{mode}|sm{plan.arch}")
     clone = model.clone()
     apply_plan(clone, plan)
     log.info("%s", text.replace("\n", "; "))

@@ -4,6 +4,7 @@ compile here); what a worker can't do (a kernel outside the pack, a dead worker,
 thread compiles, as before. Targets are GPU architectures: Triton compiles them without a GPU."""
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -354,6 +355,114 @@ def test_by_default_workers_start_on_a_cold_cache_only(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # nor on a machine without a CUDA GPU
     (cache / CP.MARK_FILE).unlink()
     assert CP.start_at_launch() is False and started == []
+
+
+def _fake_gpu_machine(monkeypatch, cache):
+    """A default setup with a CUDA GPU faked, Triton's cache in ``cache``, 6 cores and 64 GiB; the pool's
+    start recorded (its worker count), nothing spawned."""
+    import torch
+    started = []
+    monkeypatch.setattr(CP._Pool, "start", lambda self: started.append(self.n))
+    monkeypatch.setattr(CP, "_pool", None)
+    monkeypatch.setattr(CP, "_cold_n", 0)
+    monkeypatch.setattr(CP, "_marked", False)
+    monkeypatch.setattr(CP, "_models", [])
+    monkeypatch.setattr(CP, "_cache_dir", lambda: str(cache))
+    monkeypatch.setattr(CP, "_ram_bytes", lambda: 64 * 2**30)
+    monkeypatch.setattr(CP.os, "cpu_count", lambda: 6)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv(CP.WORKERS_ENV, raising=False)
+    return started
+
+
+def _compile_in_the_threads(cache) -> None:
+    """A successful background compile (a stand-in) through the pack's executor; waits for the marker's write."""
+    before = (cache / CP.MARK_FILE).read_text() if (cache / CP.MARK_FILE).exists() else None
+    ex = CP.RoutingExecutor(1)
+    try:
+        assert ex.submit(lambda: 7).result(timeout=10) == 7
+        for _ in range(200):  # the done-callback runs in the pool's thread, after the result is set
+            if (cache / CP.MARK_FILE).exists() and (cache / CP.MARK_FILE).read_text() != before:
+                break
+            time.sleep(0.05)
+    finally:
+        ex.shutdown()
+
+
+def test_a_model_the_warm_cache_lacks_starts_workers_at_its_patch(tmp_path, monkeypatch):
+    """A cache another model warmed starts no workers at ComfyUI's start; a node patching a model the marker
+    does not list starts them (as many as for a cold cache), once; after its first compile the marker lists
+    it, and the next process patching it starts none, while another model still gets them."""
+    import random
+    import torch
+    cache = tmp_path / "triton-cache"
+    started = _fake_gpu_machine(monkeypatch, cache)
+    first, second = (f"{random.getrandbits(64):016x}" for _ in range(2))
+    CP.start_for_model(first)  # the first model, on a cold cache
+    _compile_in_the_threads(cache)
+    assert json.loads((cache / CP.MARK_FILE).read_text()) == dict(CP.stamp(), models=[first])
+
+    started.clear()  # a new ComfyUI process on the warm cache
+    monkeypatch.setattr(CP, "_pool", None)
+    monkeypatch.setattr(CP, "_cold_n", 0)
+    monkeypatch.setattr(CP, "_marked", False)
+    monkeypatch.setattr(CP, "_models", [])
+    assert CP.start_at_launch() is False and started == [] and CP.workers() == 0
+    assert CP.start_for_model(first) is False and started == [] and CP.pool() is None
+    assert CP.start_for_model(second) is True and started == [5] and CP.workers() == 5
+    assert CP.pool().restart is False  # they exit idle for good, as the cold start's
+    assert CP.start_for_model(second) is False and started == [5]  # running: not again
+    monkeypatch.setattr(CP, "_pool", None)  # the workers' pool aside: the threads compile
+    _compile_in_the_threads(cache)
+    assert json.loads((cache / CP.MARK_FILE).read_text())["models"] == [first, second]
+
+    monkeypatch.setattr(CP, "_cold_n", 0)  # the next process: both listed
+    assert CP.start_for_model(second) is False and CP.start_for_model(first) is False and started == [5]
+    third = f"{random.getrandbits(64):016x}"
+    monkeypatch.setenv(CP.WORKERS_ENV, "0")  # turned off: never
+    assert CP.start_for_model(third) is False
+    monkeypatch.delenv(CP.WORKERS_ENV)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no CUDA GPU: never
+    assert CP.start_for_model(third) is False and started == [5]
+
+
+def test_a_model_after_the_cold_starts_workers_exited_gets_new_ones(tmp_path, monkeypatch):
+    """The workers started for a cold cache close for good once idle; a new model's patch replaces that closed
+    pool with a new one."""
+    cache = tmp_path / "triton-cache"
+    started = _fake_gpu_machine(monkeypatch, cache)
+    assert CP.start_at_launch() is True and started == [5]
+    CP.start_for_model("a" * 16)  # met while those run: no second pool
+    assert started == [5]
+    _compile_in_the_threads(cache)
+    old = CP.pool()
+    old.closed = True  # exited idle (restart False)
+    assert CP.start_for_model("b" * 16) is True and started == [5, 5]
+    assert CP.pool() is not old and not CP.pool().closed
+
+
+def test_the_marker_keeps_the_latest_models_and_reads_an_older_one(tmp_path, monkeypatch):
+    """A marker written before it listed models still says warm, and lists none; at most MAX_MODELS are kept,
+    the latest; a marker of another Triton lists nothing (its models' kernels are not there)."""
+    cache = tmp_path / "triton-cache"
+    cache.mkdir()
+    want = CP.stamp()
+    (cache / CP.MARK_FILE).write_text(json.dumps(want))
+    assert not CP.cold(str(cache), want) and not CP.seen(str(cache), want, "m")
+    monkeypatch.setattr(CP, "MAX_MODELS", 3)
+    names = [f"m{i}" for i in range(5)]
+    for name in names:  # each patched in its own process, then compiled
+        monkeypatch.setattr(CP, "_models", [name])
+        monkeypatch.setattr(CP, "_marked", False)
+        CP.mark_compiled(str(cache))
+    assert json.loads((cache / CP.MARK_FILE).read_text())["models"] == names[-3:]
+    assert CP.seen(str(cache), want, "m4") and not CP.seen(str(cache), want, "m0")
+    assert not CP.seen(str(cache), dict(want, triton="0.0"), "m4")
+    (cache / CP.MARK_FILE).write_text(json.dumps(dict(want, triton="0.0", models=["m9"])))
+    monkeypatch.setattr(CP, "_models", ["m5"])
+    monkeypatch.setattr(CP, "_marked", False)
+    CP.mark_compiled(str(cache))
+    assert json.loads((cache / CP.MARK_FILE).read_text()) == dict(want, models=["m5"])
 
 
 def test_the_pack_s_start_checks_the_cache_in_a_thread(tmp_path, monkeypatch):
