@@ -88,6 +88,8 @@ KERNEL_MODULES = ("kernels.fp8", "kernels.fp8_linear", "kernels.attention")
 _CLOSURE = ("self", "src", "target", "options")
 # "0": the Gluon kernels compile in a thread of this process, as before 2026-11-27 (A/B runs)
 GLUON_ENV = "TRITONKIT_GLUON_IN_WORKERS"
+# Seconds a compile waits for workers that are starting, before it compiles in its thread; 0: at once (A/B runs)
+WAIT_ENV = "TRITONKIT_WORKER_WAIT_S"
 
 COUNTERS = {"worker_compiles": 0, "worker_errors": 0, "thread_compiles": 0, "worker_starts": 0, "cache_hits": 0,
             "worker_idle_exits": 0}
@@ -362,6 +364,17 @@ class _Pool:
         with self._cond:
             return self._alive > 0 and not self.closed
 
+    def wait_ready(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds for a worker that is starting; whether one is up."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while not (self._alive > 0 or self.closed or self._starting == 0):
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(timeout=left)
+            return self._alive > 0 and not self.closed
+
     def run(self, job: dict) -> bool:
         """Has a worker compile ``job``; whether it did. Waits for a free worker; False at once when
         none is left."""
@@ -595,6 +608,13 @@ def _cached(compile_fn) -> bool:
         return False
 
 
+def _wait_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(WAIT_ENV, "0")))
+    except ValueError:
+        return 0.0
+
+
 def _via_worker(p: _Pool, job: dict, fn):
     """In the pool's thread: a kernel that Triton's cache holds is loaded (no worker started for it);
     else a ready worker compiles it, or, with none ready (they start now), Triton's compile here."""
@@ -602,7 +622,7 @@ def _via_worker(p: _Pool, job: dict, fn):
         COUNTERS["cache_hits"] += 1
         return fn()
     p.start()
-    if p.ready() and p.run(job):
+    if (p.ready() or p.wait_ready(_wait_s())) and p.run(job):
         COUNTERS["worker_compiles"] += 1
     else:
         COUNTERS["thread_compiles"] += 1
