@@ -3,9 +3,9 @@
 By default the workers start at ComfyUI's start only where Triton's cache holds none of the pack's kernels.
 A second model on a cache that a first one warmed got none: on an H100 (2026-11-27, ComfyUI 0.8.0,
 HunyuanVideo natively with both nodes after Flux) its kernels compiled in 15 threads beside the model's,
-and its first step took 6.56-6.73 s against 2.15-2.60 with workers. So a node that patches a model names it
-here: a fingerprint of the model's architecture and the node's settings, and the workers start where the
-cache's marker does not list it.
+and its first step took 5.04-6.29 s. So a node that patches a model names it here: a fingerprint of the
+model's architecture and the node's settings, and the workers start where the cache's marker does not list
+it (first steps of 3.49-3.92 s then, kernels/compile_pool.py).
 """
 from __future__ import annotations
 
