@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 
 import torch
 
 from ..kernels import compile_pool
 
 log = logging.getLogger("TritonKit")
+
+
+def _stable_repr(v) -> str:
+    """``repr`` without memory addresses (an object in the configuration is the same in every process)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(v))
 
 
 def fingerprint(model, what: str) -> str:
@@ -29,7 +35,7 @@ def fingerprint(model, what: str) -> str:
     cls = type(dm if dm is not None else base)
     cfg = getattr(getattr(base, "model_config", None), "unet_config", None)
     parts = [what, f"{cls.__module__}.{cls.__qualname__}",
-             repr(sorted((str(k), repr(v)) for k, v in cfg.items())) if isinstance(cfg, dict) else "",
+             repr(sorted((str(k), _stable_repr(v)) for k, v in cfg.items())) if isinstance(cfg, dict) else "",
              str(getattr(base, "manual_cast_dtype", None)), str(getattr(dm, "dtype", None))]
     return hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()[:16]
 
