@@ -28,11 +28,12 @@ folder; ``install.py`` empties it with the folder), and only as many as a tenth 
 holds (:func:`cold_workers`); once idle they exit for good. A model that Triton's cache holds no kernels
 for, on a cache another model warmed, is the same case: a node that patches it starts them
 (:func:`start_for_model`; the marker also lists the models the pack compiled for). Measured on an H100
-(2026-11-27, HunyuanVideo natively with both nodes after Flux, 12 steps, 6 runs against 4 in two calls): a
-first step of 3.49-3.92 s against 5.04-6.29 with the compiles in threads, and 4.81-5.18 s of cold cost over
+(2026-11-27, HunyuanVideo natively with both nodes after Flux, 12 steps, 7 runs against 4 in three calls): a
+first step of 3.06-3.92 s against 5.04-6.29 with the compiles in threads, and 4.45-5.18 s of cold cost over
 the steady steps against 5.80-7.89. Workers started with ComfyUI (``auto``, the bound) gave 2.15-2.60 s and
-3.27 s; the rest is their start, seconds in which the first compiles run in threads (``TRITONKIT_WORKER_WAIT_S``
-makes them wait instead: first steps of 2.48-2.96 s in one call, the total not recorded). ``0`` turns them off, ``auto`` (one core
+3.27 s; the rest is their start, seconds in which the first compiles run in threads. ``TRITONKIT_WORKER_WAIT_S``
+makes them wait instead: a shorter first step (2.48-3.17 s), the kernels later by as much (4.34 s of cold cost
+against the default's 4.45 in the one pair timed whole), so it stays 0. ``0`` turns them off, ``auto`` (one core
 less than the machine has, at most MAX_WORKERS) or a number turns them on at every start. Measured
 (Triton 3.6.0, torch 2.11, HunyuanVideo eager @86, every cache empty, 8 workers against the threads,
 A B A B): the cold calibration's extra time 4.51-4.88 s against 5.55-5.57 on an H100, 6.15-6.32 against
