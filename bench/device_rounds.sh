@@ -43,6 +43,9 @@ set -o pipefail
 cd "$(dirname "$0")/.."
 O="${OUT:-artifacts/rounds}"
 mkdir -p "$O"
+# everything printed also goes to a file whose name sorts first: a device call returns only the first 8 files of
+# $OUT, and a filter on the printed lines (cut, grep) then loses nothing
+exec > >(tee -a "$O/00_summary.txt") 2>&1
 CAL="${CAL_DIR:-/tmp/tk_cal_rounds}"
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/tk_triton}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
