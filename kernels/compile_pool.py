@@ -28,7 +28,7 @@ folder; ``install.py`` empties it with the folder), and only as many as a tenth 
 holds (:func:`cold_workers`); once idle they exit for good. A model that Triton's cache holds no kernels
 for, on a cache another model warmed, is the same case: a node that patches it starts them
 (:func:`start_for_model`; the marker also lists the models the pack compiled for). Measured on an H100
-(2026-11-27, HunyuanVideo natively with both nodes after Flux, 12 steps, 7 runs against 4 in three calls): a
+(2026-11-27, HunyuanVideo natively with both nodes after Flux, 12 steps, 7 runs in four calls against 4 in two): a
 first step of 3.06-3.92 s against 5.04-6.29 with the compiles in threads, and 4.45-5.18 s of cold cost over
 the steady steps against 5.80-7.89. Workers started with ComfyUI (``auto``, the bound) gave 2.15-2.60 s and
 3.27 s; the rest is their start, seconds in which the first compiles run in threads. ``TRITONKIT_WORKER_WAIT_S``
