@@ -31,9 +31,9 @@ for, on a cache another model warmed, is the same case: a node that patches it s
 (2026-11-27, HunyuanVideo natively with both nodes after Flux, 12 steps, 7 runs in four calls against 4 in two): a
 first step of 3.06-3.92 s against 5.04-6.29 with the compiles in threads, and 4.45-5.18 s of cold cost over
 the steady steps against 5.80-7.89. Workers started with ComfyUI (``auto``, the bound) gave 2.15-2.60 s and
-3.27 s; the rest is their start, seconds in which the first compiles run in threads. ``TRITONKIT_WORKER_WAIT_S``
-makes them wait instead: a shorter first step (2.48-3.17 s), the kernels later by as much (4.34 s of cold cost
-against the default's 4.45 in the one pair timed whole), so it stays 0. ``0`` turns them off, ``auto`` (one core
+3.27 s; the rest is their start, seconds in which the first compiles run in threads. Making those compiles
+wait for the workers instead gave a shorter first step (2.48-3.17 s) and the kernels later by as much (4.34 s
+of cold cost against 4.45 in the one pair timed whole): dropped. ``0`` turns them off, ``auto`` (one core
 less than the machine has, at most MAX_WORKERS) or a number turns them on at every start. Measured
 (Triton 3.6.0, torch 2.11, HunyuanVideo eager @86, every cache empty, 8 workers against the threads,
 A B A B): the cold calibration's extra time 4.51-4.88 s against 5.55-5.57 on an H100, 6.15-6.32 against
@@ -92,8 +92,6 @@ KERNEL_MODULES = ("kernels.fp8", "kernels.fp8_linear", "kernels.attention")
 _CLOSURE = ("self", "src", "target", "options")
 # "0": the Gluon kernels compile in a thread of this process, as before 2026-11-27 (A/B runs)
 GLUON_ENV = "TRITONKIT_GLUON_IN_WORKERS"
-# Seconds a compile waits for workers that are starting, before it compiles in its thread; 0: at once (A/B runs)
-WAIT_ENV = "TRITONKIT_WORKER_WAIT_S"
 
 COUNTERS = {"worker_compiles": 0, "worker_errors": 0, "thread_compiles": 0, "worker_starts": 0, "cache_hits": 0,
             "worker_idle_exits": 0}
@@ -368,17 +366,6 @@ class _Pool:
         with self._cond:
             return self._alive > 0 and not self.closed
 
-    def wait_ready(self, timeout: float) -> bool:
-        """Waits up to ``timeout`` seconds for a worker that is starting; whether one is up."""
-        end = time.monotonic() + timeout
-        with self._cond:
-            while not (self._alive > 0 or self.closed or self._starting == 0):
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(timeout=left)
-            return self._alive > 0 and not self.closed
-
     def run(self, job: dict) -> bool:
         """Has a worker compile ``job``; whether it did. Waits for a free worker; False at once when
         none is left."""
@@ -505,17 +492,28 @@ def start_at_launch(background: bool = False) -> bool:
 
 
 def _start_if_cold() -> bool:
-    global _cold_n
+    return _start_by_default(lambda: cold(_cache_dir(), stamp()),
+                             "Triton's cache holds none of the pack's kernels yet: %d compile worker(s) start for the "
+                             "first run (%s=0 turns them off)")
+
+
+def _start_by_default(needed, message: str) -> bool:
+    """The default's workers (:func:`cold_workers` of them, exiting idle for good), started where ``needed()``
+    says so; whether they did. A pool of earlier ones that exited idle is replaced. ``message`` is logged with
+    their number and the variable's name."""
+    global _cold_n, _pool
     n = cold_workers(os.cpu_count(), _ram_bytes())
     try:
-        if n <= 0 or not cold(_cache_dir(), stamp()):
+        if n <= 0 or not needed():
             return False
     except Exception as e:  # noqa: BLE001 - Triton that does not import: the self-test says why
         log.debug("TritonKit: no compile workers (%s: %s)", type(e).__name__, e)
         return False
+    with _pool_lock:
+        if _pool is not None and _pool.closed:  # earlier default workers, exited idle for good
+            _pool = None
     _cold_n = n
-    log.info("TritonKit: Triton's cache holds none of the pack's kernels yet: %d compile worker(s) start for the "
-             "first run (%s=0 turns them off)", n, WORKERS_ENV)
+    log.info(message, n, WORKERS_ENV)
     start()
     return pool() is not None
 
@@ -527,34 +525,19 @@ def start_for_model(model: str) -> bool:
     start, and the model's first step then compiled its kernels in 15 threads against the model's own
     (see the module's docstring). The marker lists the model after its first successful background compile.
     Workers set by the variable (a number, ``auto``) start at the first compile anyway; ``0`` keeps them off."""
-    global _cold_n, _marked, _pool
+    global _marked
     with _models_lock:
         if model not in _models:
             _models.append(model)
             _marked = False
-    if not _by_default():
+    if not _by_default() or (_pool is not None and not _pool.closed):
         return False
-    p = _pool
-    if p is not None and not p.closed:
+    import torch
+    if not torch.cuda.is_available():
         return False
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            return False
-        n = cold_workers(os.cpu_count(), _ram_bytes())
-        if n <= 0 or seen(_cache_dir(), stamp(), model):
-            return False
-    except Exception as e:  # noqa: BLE001 - Triton that does not import: the self-test says why
-        log.debug("TritonKit: no compile workers (%s: %s)", type(e).__name__, e)
-        return False
-    with _pool_lock:
-        if _pool is not None and _pool.closed:  # the cold start's workers, exited idle for good
-            _pool = None
-    _cold_n = n
-    log.info("TritonKit: Triton's cache holds none of this model's kernels yet: %d compile worker(s) start for "
-             "its first run (%s=0 turns them off)", n, WORKERS_ENV)
-    start()
-    return pool() is not None
+    return _start_by_default(lambda: not seen(_cache_dir(), stamp(), model),
+                             "Triton's cache holds none of this model's kernels yet: %d compile worker(s) start for "
+                             "its first run (%s=0 turns them off)")
 
 
 class RoutingExecutor(Executor):
@@ -612,13 +595,6 @@ def _cached(compile_fn) -> bool:
         return False
 
 
-def _wait_s() -> float:
-    try:
-        return max(0.0, float(os.environ.get(WAIT_ENV, "0")))
-    except ValueError:
-        return 0.0
-
-
 def _via_worker(p: _Pool, job: dict, fn):
     """In the pool's thread: a kernel that Triton's cache holds is loaded (no worker started for it);
     else a ready worker compiles it, or, with none ready (they start now), Triton's compile here."""
@@ -626,7 +602,7 @@ def _via_worker(p: _Pool, job: dict, fn):
         COUNTERS["cache_hits"] += 1
         return fn()
     p.start()
-    if (p.ready() or p.wait_ready(_wait_s())) and p.run(job):
+    if p.ready() and p.run(job):
         COUNTERS["worker_compiles"] += 1
     else:
         COUNTERS["thread_compiles"] += 1

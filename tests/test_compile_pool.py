@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import types
 
 import pytest
 
@@ -464,50 +463,6 @@ def test_the_marker_keeps_the_latest_models_and_reads_an_older_one(tmp_path, mon
     monkeypatch.setattr(CP, "_marked", False)
     CP.mark_compiled(str(cache))
     assert json.loads((cache / CP.MARK_FILE).read_text()) == dict(want, models=["m5"])
-
-
-def test_a_compile_waits_for_starting_workers_only_when_told(monkeypatch):
-    """TRITONKIT_WORKER_WAIT_S (an A/B knob, 0 by default): a compile submitted while the workers start waits up
-    to that many seconds for one instead of compiling in its thread; a worker that fails to start ends the wait
-    at once. Stand-in workers: one that comes up after a random fraction of a second, one that never does."""
-    import random
-    delay = random.uniform(0.2, 0.5)
-
-    def make(up: bool):
-        p = CP._Pool(1)
-
-        def spawn(self):
-            time.sleep(delay)
-            with self._cond:
-                self._starting -= 1
-                if up:
-                    self._alive += 1
-                    self._idle.append(object())
-                self._cond.notify_all()
-        monkeypatch.setattr(p, "_spawn", types.MethodType(spawn, p))
-        monkeypatch.setattr(p, "_exit_when_idle", lambda: None)
-        sent = []
-        monkeypatch.setattr(p, "run", lambda job: sent.append(job) or True)
-        return p, sent
-    for k in CP.COUNTERS:
-        monkeypatch.setitem(CP.COUNTERS, k, 0)
-    job = {"name": f"k{random.getrandbits(16)}"}
-
-    monkeypatch.delenv(CP.WAIT_ENV, raising=False)  # the default: the thread compiles at once
-    p, sent = make(True)
-    t0 = time.monotonic()
-    assert CP._via_worker(p, job, lambda: "compiled") == "compiled"
-    assert sent == [] and CP.COUNTERS["thread_compiles"] == 1 and time.monotonic() - t0 < delay
-
-    monkeypatch.setenv(CP.WAIT_ENV, "30")
-    p, sent = make(True)
-    assert CP._via_worker(p, job, lambda: "loaded") == "loaded"
-    assert sent == [job] and CP.COUNTERS["worker_compiles"] == 1
-
-    p, sent = make(False)  # it never comes up: no 30 s wait
-    t0 = time.monotonic()
-    assert CP._via_worker(p, job, lambda: "compiled") == "compiled"
-    assert sent == [] and CP.COUNTERS["thread_compiles"] == 2 and time.monotonic() - t0 < 10
 
 
 def test_the_pack_s_start_checks_the_cache_in_a_thread(tmp_path, monkeypatch):
