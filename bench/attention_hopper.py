@@ -43,7 +43,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=250,
                     help="ms of a form's own calls before each timing: clocks follow the power drawn before")
     ap.add_argument("--int8", action="store_true", help="also the 8-bit kernels: Triton's and the Gluon one")
-    ap.add_argument("--only", default=None, help="comma-separated name prefixes of the methods to run (the anchors always)")
+    ap.add_argument("--only", default=None, help="name prefixes of the methods to run, separated by commas, or by '|' "
+                    "where a prefix holds a comma (e.g. 'ws(128, 128, 4, 2)|g8'); the anchors always")
     a = ap.parse_args()
     cc = A._device_cc(torch.device("cuda"))
     print(torch.cuda.get_device_name(), f"sm{cc}", "torch", torch.__version__, "triton", triton.__version__,
@@ -80,7 +81,7 @@ def main():
                     meths[f"g8{tag}{cfg}"] = (lambda cfg=cfg, var=var, tag=tag: A.attention(
                         q, k, v, layout="bhld", mode="int8", config=cfg + (var,), out=o, pv=tag))
         if a.only:
-            meths = {n: f for n, f in meths.items() if n in ("cudnn", "fa2") or n.startswith(tuple(a.only.split(",")))}
+            meths = {n: f for n, f in meths.items() if n in ("cudnn", "fa2") or n.startswith(tuple(a.only.split("|" if "|" in a.only else ",")))}
         ok = {}
         for name, f in meths.items():
             try:
