@@ -81,7 +81,8 @@ def main():
                     meths[f"g8{tag}{cfg}"] = (lambda cfg=cfg, var=var, tag=tag: A.attention(
                         q, k, v, layout="bhld", mode="int8", config=cfg + (var,), out=o, pv=tag))
         if a.only:
-            meths = {n: f for n, f in meths.items() if n in ("cudnn", "fa2") or n.startswith(tuple(a.only.split("|" if "|" in a.only else ",")))}
+            prefixes = tuple(a.only.split("|" if "|" in a.only else ","))
+            meths = {n: f for n, f in meths.items() if n in ("cudnn", "fa2") or n.startswith(prefixes)}
         ok = {}
         for name, f in meths.items():
             try:
