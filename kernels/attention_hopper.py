@@ -40,7 +40,13 @@ FlashAttention-3 builds by hand can be written out. Three forms, each a variant 
   the call allows them; on an H100 and an H200 fp8 led at 16k-33k keys and trailed at Flux's 4.6k
   (BENCHMARKS.md, twenty-seventh session).
 
-One program is one BLOCK_M-row tile of one (batch, head).
+The plain form's program is one BLOCK_M-row tile of one (batch, head). The warp-specialised forms are
+persistent: at most a program an SM, each taking every grid-th tile (a head's tiles neighbours, so the
+programs running at once share its K / V in L2), with two Q buffers, so that the next tile's Q arrives while
+the consumers still work on this one, and K / V ring slots that count on across tiles. On an H100 a tile
+paid about 2.5 µs beyond its key blocks for its Q's first load, its CTA's setup and launch (globaltimer /
+clock64 stamps per program, BENCHMARKS.md, thirty-sixth session); persistence took 2-4 % off Flux's and
+SDXL's calls.
 
 Scope: sm90, fp16 / bf16, head 64 or 128 (no padding), no mask, not causal, any L_q / L_kv, GQA,
 both layouts, Q / K / V foldable into 2-D TMA views (kernels/attention.py's ``_tma_view2d``). A
@@ -276,30 +282,59 @@ def _build():
     # ---- warp-specialised: a producer warp issues the TMA loads, 1-2 consumer warpgroups compute
 
     @gluon.jit
-    def _ws_producer(QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                     q_row, q_col, k_row, k_col, n_blocks, v_row, v_col):
-        """The producer warp. Block j's V tile sits at [v_row + j·BLOCK_N, v_col], or, for the 8-bit
-        form's transposed fp8 V (channels × keys), at [v_row, v_col + j·BLOCK_N]."""
+    def _tile(t, n_m, H, KV_GROUP):
+        """Tile t's (query block, batch·head, batch, head, K/V head): a head's query blocks are
+        neighbours in tile order, so the programs running at once share its K / V in L2."""
+        bh = t // n_m
+        h = bh % H
+        return t % n_m, bh, bh // H, h, h // KV_GROUP
+
+    @gluon.jit
+    def _ws_producer(QD, KD, VD, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
+                     Lq, Lk, H, KV_GROUP, n_tiles, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch):
+        """The producer warp, over the program's tiles (t = program, program + grid, ...). A tile's Q
+        goes into one of two Q buffers, so the next tile's Q arrives while the consumers still work on
+        this one; K and V run through the rings, whose slots count on across tiles. Block j's V tile
+        sits at [V row + j·BLOCK_N, V column], or, for the 8-bit form's transposed fp8 V (channels ×
+        keys), at [V row, V column + j·BLOCK_N]."""
         # constexprs don't cross into a partition: read them off the buffers' shapes
-        NUM_C: gl.constexpr = q_smem.shape[0]
+        NUM_C: gl.constexpr = q_smem.shape[0] // 2
         STAGES: gl.constexpr = k_smem.shape[0]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
-        for c in gl.static_range(NUM_C):
-            mbarrier.expect(q_bars.index(c), QD.block_type.nbytes)
-            tma.async_copy_global_to_shared(QD, [q_row + c * 64, q_col], q_bars.index(c), q_smem.index(c))
-        for j in range(n_blocks):
-            st = j % STAGES
-            again = j >= STAGES  # the slot held block j - STAGES: wait until every consumer released it
-            ph = ((j // STAGES) + 1) & 1
-            mbarrier.wait(k_empty.index(st), ph, pred=again)
-            mbarrier.expect(k_full.index(st), KD.block_type.nbytes)
-            tma.async_copy_global_to_shared(KD, [k_row + j * BLOCK_N, k_col], k_full.index(st), k_smem.index(st))
-            mbarrier.wait(v_empty.index(st), ph, pred=again)
-            mbarrier.expect(v_full.index(st), VD.block_type.nbytes)
-            if v_smem.dtype == gl.float8e4nv:
-                tma.async_copy_global_to_shared(VD, [v_row, v_col + j * BLOCK_N], v_full.index(st), v_smem.index(st))
-            else:
-                tma.async_copy_global_to_shared(VD, [v_row + j * BLOCK_N, v_col], v_full.index(st), v_smem.index(st))
+        BLOCK_M: gl.constexpr = 64 * NUM_C
+        n_m = gl.cdiv(Lq, BLOCK_M)
+        n_blocks = gl.cdiv(Lk, BLOCK_N)
+        pid = gl.program_id(0)
+        grid = gl.num_programs(0)
+        for it in range(0, gl.cdiv(n_tiles - pid, grid)):  # the program's it-th tile: Q buffer it % 2
+            mb, bh, b, h, hk = _tile(pid + it * grid, n_m, H, KV_GROUP)
+            qb = it % 2
+            # the buffer held tile it - 2's Q: wait until both consumers have begun tile it - 1
+            mbarrier.wait(q_empty.index(qb), ((it - 1) // 2) & 1, pred=it >= 1)
+            q_row = b * q_rb + h * q_rh + mb * BLOCK_M
+            for c in gl.static_range(NUM_C):
+                mbarrier.expect(q_bars.index(qb * NUM_C + c), QD.block_type.nbytes)
+                tma.async_copy_global_to_shared(QD, [q_row + c * 64, h * q_ch], q_bars.index(qb * NUM_C + c),
+                                                q_smem.index(qb * NUM_C + c))
+            k_row = b * k_rb + hk * k_rh
+            v_row = b * v_rb + hk * v_rh
+            for j in range(n_blocks):
+                g = it * n_blocks + j  # K / V blocks loaded before this one: ring slot g % STAGES
+                st = g % STAGES
+                again = g >= STAGES  # the slot held block g - STAGES: wait until every consumer released it
+                ph = ((g // STAGES) + 1) & 1
+                mbarrier.wait(k_empty.index(st), ph, pred=again)
+                mbarrier.expect(k_full.index(st), KD.block_type.nbytes)
+                tma.async_copy_global_to_shared(KD, [k_row + j * BLOCK_N, hk * k_ch], k_full.index(st),
+                                                k_smem.index(st))
+                mbarrier.wait(v_empty.index(st), ph, pred=again)
+                mbarrier.expect(v_full.index(st), VD.block_type.nbytes)
+                if v_smem.dtype == gl.float8e4nv:
+                    tma.async_copy_global_to_shared(VD, [v_row, hk * v_ch + j * BLOCK_N], v_full.index(st),
+                                                    v_smem.index(st))
+                else:
+                    tma.async_copy_global_to_shared(VD, [v_row + j * BLOCK_N, hk * v_ch], v_full.index(st),
+                                                    v_smem.index(st))
 
     @gluon.jit
     def _my_turn(turn, c: gl.constexpr, k):
@@ -319,21 +354,19 @@ def _build():
             mbarrier.arrive(turn.index(1 - c))
 
     @gluon.jit
-    def _ws_setup(QD, KD, VD, Lq, Lk, H, KV_GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, PINGPONG: gl.constexpr):
-        """A warp-specialised program's tile (query block, batch·head, batch, head, K/V head, key
-        blocks) and its buffers: Q tiles a consumer each, the K / V rings with their full and empty
-        mbarriers (the empty ones released by every consumer), and the ping-pong's turn barriers."""
+    def _ws_setup(QD, KD, VD, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  PINGPONG: gl.constexpr):
+        """A warp-specialised program's buffers: two Q buffers of a tile a consumer each (this tile's
+        and the next one's) with their full barriers and an empty one a buffer, the K / V rings with
+        their full and empty mbarriers (the empty ones released by every consumer), and the
+        ping-pong's turn barriers."""
         NUM_C: gl.constexpr = BLOCK_M // 64
         HEAD_D: gl.constexpr = QD.block_type.shape[1]
-        n_m = gl.cdiv(Lq, BLOCK_M)
-        pid = gl.program_id(0)
-        bh = pid // n_m
-        h = bh % H
-        q_smem = gl.allocate_shared_memory(QD.dtype, [NUM_C, 64, HEAD_D], QD.layout)
+        q_smem = gl.allocate_shared_memory(QD.dtype, [2 * NUM_C, 64, HEAD_D], QD.layout)
         k_smem = gl.allocate_shared_memory(KD.dtype, [STAGES, BLOCK_N, HEAD_D], KD.layout)
         v_smem = gl.allocate_shared_memory(VD.dtype, [STAGES] + VD.block_type.shape, VD.layout)
-        q_bars = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
+        q_bars = gl.allocate_shared_memory(gl.int64, [2 * NUM_C, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -342,15 +375,16 @@ def _build():
         turn = gl.allocate_shared_memory(gl.int64, [N_TURN, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(N_TURN):
             mbarrier.init(turn.index(i), count=1)
-        for i in gl.static_range(NUM_C):
+        for i in gl.static_range(2 * NUM_C):
             mbarrier.init(q_bars.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(q_empty.index(i), count=NUM_C)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_full.index(i), count=1)
             mbarrier.init(v_full.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=NUM_C)
             mbarrier.init(v_empty.index(i), count=NUM_C)
-        return (pid % n_m, bh, bh // H, h, h // KV_GROUP, gl.cdiv(Lk, BLOCK_N), q_smem, k_smem, v_smem, q_bars,
-                k_full, v_full, k_empty, v_empty, turn)
+        return q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn
 
     @gluon.jit
     def _ws_run(cons, prod, NUM_C: gl.constexpr, REGS_C: gl.constexpr, REGS_P: gl.constexpr):
@@ -362,23 +396,21 @@ def _build():
         else:
             gl.warp_specialize([(_ws_consumer0, cons), (_ws_producer, prod)], [1], [REGS_P])
 
-    @gluon.jit
-    def attn_fwd_hopper_ws(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP,
+    @gluon.jit(do_not_specialize=["n_tiles"])
+    def attn_fwd_hopper_ws(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles,
                            q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, stride_ob, stride_oh, stride_ol,
                            HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
                            REGS_C: gl.constexpr, REGS_P: gl.constexpr, PINGPONG: gl.constexpr):
+        """Tiles t = program, program + grid, ... < n_tiles (persistent where the grid is smaller)."""
         NUM_C: gl.constexpr = BLOCK_M // 64
         STAGES: gl.constexpr = K_STAGES
-        mb, bh, b, h, hk, n_blocks, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn = \
-            _ws_setup(QD, KD, VD, Lq, Lk, H, KV_GROUP, BLOCK_M, BLOCK_N, STAGES, PINGPONG)
-        o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-        row0 = mb * BLOCK_M
-        cons = (O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, O, O, O,
-                qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, 0, 0, 0)
-        prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                b * q_rb + h * q_rh + row0, h * q_ch, b * k_rb + hk * k_rh, hk * k_ch, n_blocks,
-                b * k_rb + hk * k_rh, hk * k_ch)
+        q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn = \
+            _ws_setup(QD, KD, VD, BLOCK_M, BLOCK_N, STAGES, PINGPONG)
+        cons = (O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, O, O, O,
+                qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol)
+        prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
+                Lq, Lk, H, KV_GROUP, n_tiles, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, k_rb, k_rh, k_ch)
         _ws_run(cons, prod, NUM_C, REGS_C, REGS_P)
 
     # ---- 8-bit, warp-specialised: int8 Q·K (the pre-pass's smoothed, scaled copies), P·V in fp8 e4m3
@@ -427,14 +459,38 @@ def _build():
         return v
 
     @gluon.jit
-    def _ws_consumer(c: gl.constexpr, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                     turn, QS, KS, VA, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base,
-                     va_base):
-        """Consumer warpgroup ``c`` of a warp-specialised kernel: its 64 query rows over every key
-        block. Exact (16-bit Q / K: scores times ``qk_scale``) or 8-bit (int8 Q / K: the int32 scores
-        times Q's row scales from ``QS`` and K's block scale from ``KS``), P·V in V's dtype, or in fp8
-        with V's channel max ``VA``."""
+    def _ws_consumer(c: gl.constexpr, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty,
+                     turn, QS, KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol):
+        """Consumer warpgroup ``c`` of a warp-specialised kernel, over the program's tiles (the
+        producer's order): its 64 query rows of each over every key block. Exact (16-bit Q / K: scores
+        times ``qk_scale``) or 8-bit (int8 Q / K: the int32 scores times Q's row scales from ``QS`` and
+        K's block scale from ``KS``), P·V in V's dtype, or in fp8 with V's channel max ``VA``. The K / V
+        ring slots and the ping-pong's turns count on across tiles."""
+        NUM_C: gl.constexpr = q_smem.shape[0] // 2
+        BLOCK_N: gl.constexpr = k_smem.shape[1]
+        BLOCK_M: gl.constexpr = 64 * NUM_C
+        n_m = gl.cdiv(Lq, BLOCK_M)
+        n_blocks = gl.cdiv(Lk, BLOCK_N)
+        pid = gl.program_id(0)
+        grid = gl.num_programs(0)
+        for it in range(0, gl.cdiv(n_tiles - pid, grid)):  # the program's it-th tile
+            mb, bh, b, h, hk = _tile(pid + it * grid, n_m, H, KV_GROUP)
+            bhk = b * (H // KV_GROUP) + hk
+            o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+            # the K / V blocks before it: it · n_blocks; the ping-pong turns: n_blocks + 1 a tile
+            _ws_tile(c, O, q_smem, q_bars, q_empty, it % 2, (it // 2) & 1, k_smem, v_smem, k_full, v_full,
+                     k_empty, v_empty, turn, it * n_blocks, it * (n_blocks + 1), QS, KS, VA, qk_scale, Lq, Lk,
+                     n_blocks, o_base, mb * BLOCK_M, stride_ol, bh * Lq, bhk * n_blocks, bhk * q_smem.shape[2])
+
+    @gluon.jit
+    def _ws_tile(c: gl.constexpr, O, q_smem, q_bars, q_empty, qb, q_phase, k_smem, v_smem, k_full, v_full, k_empty,
+                 v_empty, turn, g, kt, QS, KS, VA, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base,
+                 ks_base, va_base):
+        """One tile of consumer ``c``: Q from buffer ``qb`` (the other buffer, the tile before's, is
+        released on ``q_empty`` as this one begins), key block j in ring slot (g + j) % STAGES,
+        ping-pong turns from ``kt``."""
         INT8: gl.constexpr = q_smem.dtype == gl.int8
+        NUM_C: gl.constexpr = q_smem.shape[0] // 2
         HEAD_D: gl.constexpr = q_smem.shape[2]
         STAGES: gl.constexpr = k_smem.shape[0]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -450,7 +506,7 @@ def _build():
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
-        q = q_smem.index(c)
+        q = q_smem.index(qb * NUM_C + c)
         s_zero = gl.zeros([64, BLOCK_N], gl.int32 if INT8 else gl.float32, s_layout)
         o_zero = gl.zeros([64, HEAD_D], gl.float32, o_layout)
         if INT8:
@@ -461,13 +517,15 @@ def _build():
         l_i = gl.zeros([64], gl.float32, row_s)
         acc = gl.zeros([64, HEAD_D], gl.float32, o_layout)
 
-        mbarrier.wait(q_bars.index(c), 0)
-        mbarrier.wait(k_full.index(0), 0)
-        _my_turn(turn, c, 0)
-        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(q_bars.index(qb * NUM_C + c), q_phase)
+        mbarrier.arrive(q_empty.index(1 - qb))  # the tile before is done with the other Q buffer
+        st0 = g % STAGES
+        mbarrier.wait(k_full.index(st0), (g // STAGES) & 1)
+        _my_turn(turn, c, kt)
+        s_tok = warpgroup_mma(q, k_smem.index(st0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         _pass_turn(turn, c)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(0))
+        mbarrier.arrive(k_empty.index(st0))
         if INT8:
             p, alpha, m_i, l_i = _softmax(_int_scores(s), 0, m_i, l_i, qsc * gl.load(KS + ks_base), Lk, BLOCK_N,
                                           s_layout, P_LOG2, True, INT_OFF)
@@ -477,50 +535,53 @@ def _build():
             # Each iteration makes P into the MMA's operand and issues it beside the next block's Q·Kᵀ:
             # carried over the loop's back edge, fp8 P's bytes were carried one a register and packed
             # again at the MMA (a LOP3 a score and 0.5 PRMT). The last Q·Kᵀ (block n_blocks) reads a K
-            # slot the producer no longer fills; its result is never used. (The 16-bit forms keep the
-            # loop below: this one spilled there with Triton 3.8.)
+            # slot without waiting for it (the producer may be filling it with the next tile's block);
+            # its result is never used. (The 16-bit forms keep the loop below: this one spilled there
+            # with Triton 3.8.)
             p_op = _p_operand(p, v_smem.dtype, p_layout)
-            mbarrier.wait(k_full.index(1 % STAGES), (1 // STAGES) & 1, pred=n_blocks > 1)
-            mbarrier.wait(v_full.index(0), 0)
-            _my_turn(turn, c, 1)
-            s_tok = warpgroup_mma(q, k_smem.index(1 % STAGES).permute((1, 0)), s_zero, use_acc=False,
+            mbarrier.wait(k_full.index((g + 1) % STAGES), ((g + 1) // STAGES) & 1, pred=n_blocks > 1)
+            mbarrier.wait(v_full.index(st0), (g // STAGES) & 1)
+            _my_turn(turn, c, kt + 1)
+            s_tok = warpgroup_mma(q, k_smem.index((g + 1) % STAGES).permute((1, 0)), s_zero, use_acc=False,
                                   is_async=True)
-            o_tok = warpgroup_mma(p_op, _v_operand(v_smem, 0), o_zero, use_acc=False, is_async=True)
+            o_tok = warpgroup_mma(p_op, _v_operand(v_smem, st0), o_zero, use_acc=False, is_async=True)
             _pass_turn(turn, c)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             # the blocks before block j-1 stay at block j-2's max until block j-1's sum arrives; one FMA
             # then rescales them and adds it
             alpha_prev = alpha
             for j in range(1, n_blocks):
-                st = j % STAGES
+                st = (g + j) % STAGES
                 mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(_int_scores(s), j, m_i, l_i, qsc * gl.load(KS + ks_base + j), Lk,
                                               BLOCK_N, s_layout, P_LOG2, True, INT_OFF)
                 pv = warpgroup_mma_wait(0, deps=(o_tok,))
-                mbarrier.arrive(v_empty.index((j - 1) % STAGES))
+                mbarrier.arrive(v_empty.index((g + j - 1) % STAGES))
                 # one key block's products summed by the MMA, the blocks in fp32 registers (the fp8 MMA's
                 # accumulator keeps fewer mantissa bits: summing every block in it failed the accuracy
                 # goal at 32760 keys with outlier channels)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv
                 alpha_prev = alpha
                 p_op = _p_operand(p, v_smem.dtype, p_layout)
-                nst = (j + 1) % STAGES
-                mbarrier.wait(k_full.index(nst), ((j + 1) // STAGES) & 1, pred=j + 1 < n_blocks)
-                mbarrier.wait(v_full.index(st), (j // STAGES) & 1)
-                _my_turn(turn, c, j + 1)
+                nst = (g + j + 1) % STAGES
+                mbarrier.wait(k_full.index(nst), ((g + j + 1) // STAGES) & 1, pred=j + 1 < n_blocks)
+                mbarrier.wait(v_full.index(st), ((g + j) // STAGES) & 1)
+                _my_turn(turn, c, kt + j + 1)
                 s_tok = warpgroup_mma(q, k_smem.index(nst).permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 o_tok = warpgroup_mma(p_op, _v_operand(v_smem, st), o_zero, use_acc=False, is_async=True)
                 _pass_turn(turn, c)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
+            # V's scale, loaded while the last P·V runs (P's 448 is in l_i too)
+            vs = gl.load(VA + va_base + gl.arange(0, HEAD_D, layout=col_o)) * (1.0 / 448.0)
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
         else:
             p_op = _p_operand(p, v_smem.dtype, p_layout)
             for j in range(1, n_blocks):
-                st = j % STAGES
-                pst = (j - 1) % STAGES
-                mbarrier.wait(k_full.index(st), (j // STAGES) & 1)
-                mbarrier.wait(v_full.index(pst), ((j - 1) // STAGES) & 1)
-                _my_turn(turn, c, j)
+                st = (g + j) % STAGES
+                pst = (g + j - 1) % STAGES
+                mbarrier.wait(k_full.index(st), ((g + j) // STAGES) & 1)
+                mbarrier.wait(v_full.index(pst), ((g + j - 1) // STAGES) & 1)
+                _my_turn(turn, c, kt + j)
                 s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 o_tok = warpgroup_mma(p_op, _v_operand(v_smem, pst), acc, is_async=True)
                 _pass_turn(turn, c)
@@ -536,16 +597,14 @@ def _build():
                 # blocks < j at block j-1's max (the MMA added block j-1); then rescaled to block j's
                 acc = pv * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p_op = _p_operand(p, v_smem.dtype, p_layout)
-            lst = (n_blocks - 1) % STAGES
-            mbarrier.wait(v_full.index(lst), ((n_blocks - 1) // STAGES) & 1)
-            _my_turn(turn, c, n_blocks)
+            lst = (g + n_blocks - 1) % STAGES
+            mbarrier.wait(v_full.index(lst), ((g + n_blocks - 1) // STAGES) & 1)
+            _my_turn(turn, c, kt + n_blocks)
             o_tok = warpgroup_mma(p_op, _v_operand(v_smem, lst), acc, is_async=True)
             _pass_turn(turn, c)
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
-        mbarrier.arrive(v_empty.index((n_blocks - 1) % STAGES))
+        mbarrier.arrive(v_empty.index((g + n_blocks - 1) % STAGES))
         if FP8:
-            offs_d = gl.arange(0, HEAD_D, layout=col_o)
-            vs = gl.load(VA + va_base + offs_d) * (1.0 / 448.0)  # V's scale; P's 448 is in l_i too
             acc = (acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv) * gl.expand_dims(vs, 0)
         else:
             acc = pv
@@ -556,19 +615,19 @@ def _build():
         gl.store(ptrs, acc.to(O.dtype.element_ty), mask=gl.expand_dims(rows < Lq, 1))
 
     @gluon.jit
-    def _ws_consumer0(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                      qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base):
-        _ws_consumer(0, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                     qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base)
+    def _ws_consumer0(O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS, KS,
+                      VA, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol):
+        _ws_consumer(0, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, QS,
+                     KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol)
 
     @gluon.jit
-    def _ws_consumer1(O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                      qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base):
-        _ws_consumer(1, O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                     qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base, ks_base, va_base)
+    def _ws_consumer1(O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS, KS,
+                      VA, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol):
+        _ws_consumer(1, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, QS,
+                     KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol)
 
-    @gluon.jit
-    def attn_fwd_hopper_ws8(QD, KD, VD, O, QS, KS, VA, Lq, Lk, H, KV_GROUP,
+    @gluon.jit(do_not_specialize=["n_tiles"])
+    def attn_fwd_hopper_ws8(QD, KD, VD, O, QS, KS, VA, Lq, Lk, H, KV_GROUP, n_tiles,
                             q_rb, q_rh, k_rb, k_rh, v_rb, v_rh, v_ch, stride_ob, stride_oh, stride_ol,
                             HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             STAGES: gl.constexpr, num_warps: gl.constexpr,
@@ -577,16 +636,12 @@ def _build():
         or V's own 2-D view (rows v_rb a batch, v_rh a head, columns v_ch a head); QS (B·H·Lq) the
         row scales, KS (B·Hk, cdiv(Lk, BLOCK_N)) the block scales, VA (B·Hk·D) V's channel max."""
         NUM_C: gl.constexpr = BLOCK_M // 64
-        mb, bh, b, h, hk, n_blocks, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn = \
-            _ws_setup(QD, KD, VD, Lq, Lk, H, KV_GROUP, BLOCK_M, BLOCK_N, STAGES, PINGPONG)
-        bhk = b * (H // KV_GROUP) + hk
-        o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-        row0 = mb * BLOCK_M
-        cons = (O, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                1.0, Lq, Lk, n_blocks, o_base, row0, stride_ol, bh * Lq, bhk * n_blocks, bhk * HEAD_D)
-        prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-                b * q_rb + h * q_rh + row0, 0, b * k_rb + hk * k_rh, 0, n_blocks,
-                b * v_rb + hk * v_rh, hk * v_ch)
+        q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn = \
+            _ws_setup(QD, KD, VD, BLOCK_M, BLOCK_N, STAGES, PINGPONG)
+        cons = (O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
+                1.0, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol)
+        prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
+                Lq, Lk, H, KV_GROUP, n_tiles, q_rb, q_rh, 0, k_rb, k_rh, 0, v_rb, v_rh, v_ch)
         _ws_run(cons, prod, NUM_C, REGS_C, REGS_P)
 
     return attn_fwd_hopper, attn_fwd_hopper_ws, attn_fwd_hopper_ws8
@@ -627,6 +682,26 @@ def descriptor(view2d, block):
     return TensorDescriptor.from_tensor(view2d, list(block), _smem_layout(tuple(block), view2d.dtype))
 
 
+# The warp-specialised kernels' grid: a program an SM at most, each taking every grid-th tile (persistent), so
+# that a tile's Q and first K / V blocks load while the program's tile before it is still being computed, and no
+# CTA is launched and set up a tile. ``PERSISTENT = False``: a program a tile, as before (benches' A / B).
+PERSISTENT = True
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _ws_grid(tiles: int, device, light: bool):
+    """(grid, tiles to run) of a warp-specialised launch; ``light``: one program, one tile."""
+    if light:
+        return (1,), 1
+    if not PERSISTENT or device.type != "cuda":
+        return (tiles,), tiles
+    return (min(tiles, _sm_count(device.index if device.index is not None else torch.cuda.current_device())),), tiles
+
+
 def launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_fn, warmup=False, ws=False,
            light=False):
     """One call. ``q_view`` / ``kv_views``: kernels/attention.py's 2-D views with their (row per
@@ -642,9 +717,14 @@ def launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_f
     qd = descriptor(q2, (64 if ws else bm, D))
     kd = descriptor(k2, (bn, D))
     vd = descriptor(v2, (bn, D))
-    grid = (1,) if light else (((Lq + bm - 1) // bm) * B * H,)
+    tiles = ((Lq + bm - 1) // bm) * B * H
+    if ws:
+        grid, tiles = _ws_grid(tiles, q2.device, light)
+        extra = (tiles,)
+    else:
+        grid, extra = ((1,) if light else (tiles,)), ()
     regs = {"REGS_C": WS_CONSUMER_REGS, "REGS_P": WS_PRODUCER_REGS, "PINGPONG": ws == "pp"} if ws else {}
-    launch_fn(kernel(ws), grid, qd, kd, vd, o, sm_scale * LOG2E, Lq, Lk, H, H // Hk,
+    launch_fn(kernel(ws), grid, qd, kd, vd, o, sm_scale * LOG2E, Lq, Lk, H, H // Hk, *extra,
               q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, so[0], so[1], so[2],
               HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, K_STAGES=ks, V_STAGES=vs, num_warps=nw,
               warmup=warmup, **regs)
@@ -669,8 +749,8 @@ def launch8(qi, qs, ki, ks, v_view, vamax, o, so, B, H, Hk, Lq, Lk, D, cfg, laun
         v2, (v_rb, v_rh, v_ch) = v_view
         vd = descriptor(v2, (bn, D))
         va = qs  # unused
-    grid = (1,) if light else (((Lq + bm - 1) // bm) * B * H,)
-    launch_fn(kernel(int8=True), grid, qd, kd, vd, o, qs, ks, va, Lq, Lk, H, H // Hk,
+    grid, tiles = _ws_grid(((Lq + bm - 1) // bm) * B * H, qi.device, light)
+    launch_fn(kernel(int8=True), grid, qd, kd, vd, o, qs, ks, va, Lq, Lk, H, H // Hk, tiles,
               H * Lq, Lq, Hk * Lk, Lk, v_rb, v_rh, v_ch, so[0], so[1], so[2],
               HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=4,
               REGS_C=WS8_CONSUMER_REGS, REGS_P=WS8_PRODUCER_REGS, PINGPONG=bool(pp), warmup=warmup)
@@ -687,7 +767,7 @@ def compile_spec8(dtype, head_dim: int, cfg, fp8_pv: bool = True, pp: bool = Fal
     vd = desc("fp8e4nv", torch.float8_e4m3fn, (head_dim, bn)) if fp8_pv else desc(ty, dtype, (bn, head_dim))
     sig = {"QD": desc("i8", torch.int8, (64, head_dim)), "KD": desc("i8", torch.int8, (bn, head_dim)), "VD": vd,
            "O": f"*{ty}", "QS": "*fp32", "KS": "*fp32", "VA": "*fp32"}
-    for n in ("Lq", "Lk", "H", "KV_GROUP", "q_rb", "q_rh", "k_rb", "k_rh", "v_rb", "v_rh", "v_ch",
+    for n in ("Lq", "Lk", "H", "KV_GROUP", "n_tiles", "q_rb", "q_rh", "k_rb", "k_rh", "v_rb", "v_rh", "v_ch",
               "stride_ob", "stride_oh", "stride_ol"):
         sig[n] = "i32"
     consts = {"HEAD_D": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "num_warps": 4,
@@ -712,8 +792,8 @@ def compile_spec(dtype, head_dim: int, cfg, ws: bool = False):
     if ws:
         nw = 4
     sig = {"QD": desc(64 if ws else bm), "KD": desc(bn), "VD": desc(bn), "O": f"*{ty}", "qk_scale": "fp32"}
-    for n in ("Lq", "Lk", "H", "KV_GROUP", "q_rb", "q_rh", "q_ch", "k_rb", "k_rh", "k_ch",
-              "stride_ob", "stride_oh", "stride_ol"):
+    tail = ("q_rb", "q_rh", "q_ch", "k_rb", "k_rh", "k_ch", "stride_ob", "stride_oh", "stride_ol")
+    for n in ("Lq", "Lk", "H", "KV_GROUP") + (("n_tiles",) if ws else ()) + tail:
         sig[n] = "i32"
     consts = {"HEAD_D": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "K_STAGES": stages, "V_STAGES": stages,
               "num_warps": nw}
