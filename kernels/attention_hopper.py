@@ -290,6 +290,16 @@ def _build():
         return t % n_m, bh, bh // H, h, h // KV_GROUP
 
     @gluon.jit
+    def _ws_schedule(q_smem, k_smem, Lq, Lk, n_tiles):
+        """(query blocks a head, key blocks, program, grid, how many tiles the program takes): a
+        warp-specialised program's tiles are program + it · grid, it < that count, in both partitions."""
+        BLOCK_M: gl.constexpr = 64 * (q_smem.shape[0] // 2)
+        BLOCK_N: gl.constexpr = k_smem.shape[1]
+        pid = gl.program_id(0)
+        grid = gl.num_programs(0)
+        return gl.cdiv(Lq, BLOCK_M), gl.cdiv(Lk, BLOCK_N), pid, grid, gl.cdiv(n_tiles - pid, grid)
+
+    @gluon.jit
     def _ws_producer(QD, KD, VD, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
                      Lq, Lk, H, KV_GROUP, n_tiles, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch):
         """The producer warp, over the program's tiles (t = program, program + grid, ...). A tile's Q
@@ -302,11 +312,8 @@ def _build():
         STAGES: gl.constexpr = k_smem.shape[0]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         BLOCK_M: gl.constexpr = 64 * NUM_C
-        n_m = gl.cdiv(Lq, BLOCK_M)
-        n_blocks = gl.cdiv(Lk, BLOCK_N)
-        pid = gl.program_id(0)
-        grid = gl.num_programs(0)
-        for it in range(0, gl.cdiv(n_tiles - pid, grid)):  # the program's it-th tile: Q buffer it % 2
+        n_m, n_blocks, pid, grid, n_mine = _ws_schedule(q_smem, k_smem, Lq, Lk, n_tiles)
+        for it in range(0, n_mine):  # the program's it-th tile: Q buffer it % 2
             mb, bh, b, h, hk = _tile(pid + it * grid, n_m, H, KV_GROUP)
             qb = it % 2
             # the buffer held tile it - 2's Q: wait until both consumers have begun tile it - 1
@@ -466,14 +473,9 @@ def _build():
         times ``qk_scale``) or 8-bit (int8 Q / K: the int32 scores times Q's row scales from ``QS`` and
         K's block scale from ``KS``), P·V in V's dtype, or in fp8 with V's channel max ``VA``. The K / V
         ring slots and the ping-pong's turns count on across tiles."""
-        NUM_C: gl.constexpr = q_smem.shape[0] // 2
-        BLOCK_N: gl.constexpr = k_smem.shape[1]
-        BLOCK_M: gl.constexpr = 64 * NUM_C
-        n_m = gl.cdiv(Lq, BLOCK_M)
-        n_blocks = gl.cdiv(Lk, BLOCK_N)
-        pid = gl.program_id(0)
-        grid = gl.num_programs(0)
-        for it in range(0, gl.cdiv(n_tiles - pid, grid)):  # the program's it-th tile
+        BLOCK_M: gl.constexpr = 64 * (q_smem.shape[0] // 2)
+        n_m, n_blocks, pid, grid, n_mine = _ws_schedule(q_smem, k_smem, Lq, Lk, n_tiles)
+        for it in range(0, n_mine):  # the program's it-th tile
             mb, bh, b, h, hk = _tile(pid + it * grid, n_m, H, KV_GROUP)
             bhk = b * (H // KV_GROUP) + hk
             o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
