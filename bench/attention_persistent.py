@@ -1,11 +1,17 @@
-"""The warp-specialised Gluon kernels (exact: warp-specialised and ping-pong; 8-bit: 16-bit and fp8 P·V)
-persistent (at most a program an SM, each taking every grid-th tile: the default) against a program a tile,
-the same compiled kernel (kernels/attention_hopper.py's ``PERSISTENT`` only changes the grid), interleaved
-with SDPA's cuDNN backend: ms a call, median (min-max) over the rounds, × cuDNN, each form's persistent ÷
-a-program-a-tile ratio round by round, and the cosine (global / worst row) against an fp32 SDPA reference
-(shapes up to 16k tokens). The thirty-sixth session's A/B (BENCHMARKS.md). sm90 only.
+"""The warp-specialised Gluon kernels (exact: warp-specialised and ping-pong; 8-bit: 16-bit and fp8 P·V),
+two schedules of the same compiled kernel interleaved with SDPA's cuDNN backend (kernels/attention_hopper.py's
+module switches):
 
-    python bench/attention_persistent.py [--shapes sdxl,flux,hunyuan] [--rounds 5]
+* ``--ab persistent``: persistent (at most a program an SM, each taking every grid-th tile) against a program
+  a tile (``PERSISTENT``), stream-K off in both;
+* ``--ab streamk``: persistent with stream-K for the last wave (kernels/attention_streamk.py; where its
+  schedule takes it) against persistent without (``STREAM_K``).
+
+ms a call, median (min-max) over the rounds, × cuDNN, each form's B ÷ A ratio round by round, and the cosine
+(global / worst row) against an fp32 SDPA reference (shapes up to 16k tokens). The thirty-sixth session's A/Bs
+(BENCHMARKS.md). sm90 only.
+
+    python bench/attention_persistent.py [--ab persistent|streamk] [--shapes sdxl,flux,hunyuan] [--rounds 5]
 """
 from __future__ import annotations
 
@@ -40,7 +46,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="sdxl,flux,hunyuan")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ab", choices=("persistent", "streamk"), default="persistent")
     a = ap.parse_args()
+    # (name, PERSISTENT, STREAM_K) of A and B
+    arms = ([("persistent", True, False), ("a-tile", False, False)] if a.ab == "persistent"
+            else [("stream-k", True, True), ("whole-tiles", True, False)])
     print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count, "SMs, torch",
           torch.__version__, "triton", triton.__version__, flush=True)
     for name in a.shapes.split(","):
@@ -51,11 +61,11 @@ def main():
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()) if L <= 16384 else None
         fns = {"cudnn": lambda: sdpa("cudnn")(q, k, v)}
         for m, (cfg, mode, pv) in forms(D).items():
-            for persistent in (True, False):
-                def f(cfg=cfg, mode=mode, pv=pv, persistent=persistent):
-                    AH.PERSISTENT = persistent
+            for arm, persistent, streamk in arms:
+                def f(cfg=cfg, mode=mode, pv=pv, persistent=persistent, streamk=streamk):
+                    AH.PERSISTENT, AH.STREAM_K = persistent, streamk
                     return A.attention(q, k, v, layout="bhld", mode=mode, config=cfg, out=o, pv=pv)
-                fns[f"{m}-{'persistent' if persistent else 'a-tile'}"] = f
+                fns[f"{m}-{arm}"] = f
         acc = {}
         for n, f in fns.items():
             o.fill_(float("nan"))
@@ -67,16 +77,16 @@ def main():
         for r in range(a.rounds):  # A B ... then ... B A
             for n, f in (list(fns.items()) if r % 2 == 0 else list(fns.items())[::-1]):
                 t[n].append(triton.testing.do_bench(f, warmup=100, rep=40))
-        AH.PERSISTENT = True
+        AH.PERSISTENT, AH.STREAM_K = True, True
         print(f"== {name} {(B, H, L, D)}: {B * H * triton.cdiv(L, 128)} tiles of 128 rows", flush=True)
         for n, x in t.items():
             rat = statistics.median([c / y for c, y in zip(t["cudnn"], x)])
             print(f"  {n:20s} {statistics.median(x):.4f} ms ({min(x):.4f}-{max(x):.4f})  x cuDNN {rat:.3f}  "
                   f"{acc.get(n, '')}", flush=True)
+        (na, *_), (nb, *_) = arms
         for m in forms(D):
-            p, one = t[f"{m}-persistent"], t[f"{m}-a-tile"]
-            print(f"  {m}: a-tile / persistent by round: " + " ".join(f"{y / x:.3f}" for x, y in zip(p, one)),
-                  flush=True)
+            ta, tb = t[f"{m}-{na}"], t[f"{m}-{nb}"]
+            print(f"  {m}: {nb} / {na} by round: " + " ".join(f"{y / x:.3f}" for x, y in zip(ta, tb)), flush=True)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,8 @@ import functools
 
 import torch
 
+from . import attention_streamk as SK
+
 try:  # Gluon's Hopper API (Triton 3.5+); the kernels are defined on first use (_build)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -290,19 +292,44 @@ def _build():
         return t % n_m, bh, bh // H, h, h // KV_GROUP
 
     @gluon.jit
-    def _ws_schedule(q_smem, k_smem, Lq, Lk, n_tiles):
-        """(query blocks a head, key blocks, program, grid, how many tiles the program takes): a
-        warp-specialised program's tiles are program + it · grid, it < that count, in both partitions."""
+    def _ws_schedule(q_smem, k_smem, Lq, Lk, n_dp, sk_units):
+        """(query blocks a head, key blocks, program, grid, the program's whole tiles, its items): a
+        warp-specialised program's items are its whole tiles, program + it · grid < n_dp, then its
+        stream-K segments of the last tiles' ``sk_units`` key blocks (kernels/attention_streamk.py), the
+        same in both partitions."""
         BLOCK_M: gl.constexpr = 64 * (q_smem.shape[0] // 2)
         BLOCK_N: gl.constexpr = k_smem.shape[1]
+        n_blocks = gl.cdiv(Lk, BLOCK_N)
         pid = gl.program_id(0)
         grid = gl.num_programs(0)
-        return gl.cdiv(Lq, BLOCK_M), gl.cdiv(Lk, BLOCK_N), pid, grid, gl.cdiv(n_tiles - pid, grid)
+        n_mine = gl.cdiv(n_dp - pid, grid)
+        u0 = pid * sk_units // grid
+        u1 = (pid + 1) * sk_units // grid
+        n_seg = gl.where(u1 > u0, (u1 - 1) // n_blocks - u0 // n_blocks + 1, 0)
+        return gl.cdiv(Lq, BLOCK_M), n_blocks, pid, grid, n_mine, n_mine + n_seg
+
+    @gluon.jit
+    def _ws_item(it, n_mine, pid, grid, n_dp, sk_units, n_blocks):
+        """Item ``it`` of the program: (tile, first key block, key blocks, K / V blocks of the program's
+        items before it, workspace slot): a whole tile (slot -1) or a stream-K segment of a last tile,
+        whose unnormalised output goes to slot 2 · program + segment."""
+        sg = it - n_mine
+        u0 = pid * sk_units // grid
+        u1 = (pid + 1) * sk_units // grid
+        ta = u0 // n_blocks + sg  # the segment's tile among the last ones
+        start = gl.maximum(u0, ta * n_blocks)
+        end = gl.minimum(u1, (ta + 1) * n_blocks)
+        whole = it < n_mine
+        tile = gl.where(whole, pid + it * grid, n_dp + ta)
+        j0 = gl.where(whole, 0, start - ta * n_blocks)
+        n_j = gl.where(whole, n_blocks, end - start)
+        g0 = gl.where(whole, it * n_blocks, n_mine * n_blocks + start - u0)
+        return tile, j0, n_j, g0, gl.where(whole, -1, 2 * pid + sg)
 
     @gluon.jit
     def _ws_producer(QD, KD, VD, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
-                     Lq, Lk, H, KV_GROUP, n_tiles, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch):
-        """The producer warp, over the program's tiles (t = program, program + grid, ...). A tile's Q
+                     Lq, Lk, H, KV_GROUP, n_dp, sk_units, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch):
+        """The producer warp, over the program's items (_ws_schedule, _ws_item). A tile's Q
         goes into one of two Q buffers, so the next tile's Q arrives while the consumers still work on
         this one; K and V run through the rings, whose slots count on across tiles. Block j's V tile
         sits at [V row + j·BLOCK_N, V column], or, for the 8-bit form's transposed fp8 V (channels ×
@@ -312,9 +339,10 @@ def _build():
         STAGES: gl.constexpr = k_smem.shape[0]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         BLOCK_M: gl.constexpr = 64 * NUM_C
-        n_m, n_blocks, pid, grid, n_mine = _ws_schedule(q_smem, k_smem, Lq, Lk, n_tiles)
-        for it in range(0, n_mine):  # the program's it-th tile: Q buffer it % 2
-            mb, bh, b, h, hk = _tile(pid + it * grid, n_m, H, KV_GROUP)
+        n_m, n_blocks, pid, grid, n_mine, n_items = _ws_schedule(q_smem, k_smem, Lq, Lk, n_dp, sk_units)
+        for it in range(0, n_items):  # the program's it-th item: Q buffer it % 2
+            t, j0, n_j, g0, slot = _ws_item(it, n_mine, pid, grid, n_dp, sk_units, n_blocks)
+            mb, bh, b, h, hk = _tile(t, n_m, H, KV_GROUP)
             qb = it % 2
             # the buffer held tile it - 2's Q: wait until both consumers have begun tile it - 1
             mbarrier.wait(q_empty.index(qb), ((it - 1) // 2) & 1, pred=it >= 1)
@@ -325,8 +353,9 @@ def _build():
                                                 q_smem.index(qb * NUM_C + c))
             k_row = b * k_rb + hk * k_rh
             v_row = b * v_rb + hk * v_rh
-            for j in range(n_blocks):
-                g = it * n_blocks + j  # K / V blocks loaded before this one: ring slot g % STAGES
+            for jj in range(n_j):
+                j = j0 + jj
+                g = g0 + jj  # K / V blocks loaded before this one: ring slot g % STAGES
                 st = g % STAGES
                 again = g >= STAGES  # the slot held block g - STAGES: wait until every consumer released it
                 ph = ((g // STAGES) + 1) & 1
@@ -403,21 +432,22 @@ def _build():
         else:
             gl.warp_specialize([(_ws_consumer0, cons), (_ws_producer, prod)], [1], [REGS_P])
 
-    @gluon.jit(do_not_specialize=["n_tiles"])
-    def attn_fwd_hopper_ws(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles,
+    @gluon.jit(do_not_specialize=["n_dp", "sk_units"])
+    def attn_fwd_hopper_ws(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML,
                            q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, stride_ob, stride_oh, stride_ol,
                            HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
                            REGS_C: gl.constexpr, REGS_P: gl.constexpr, PINGPONG: gl.constexpr):
-        """Tiles t = program, program + grid, ... < n_tiles (persistent where the grid is smaller)."""
+        """Tiles t = program, program + grid, ... < n_dp (persistent where the grid is smaller), then
+        stream-K segments of the last tiles' ``sk_units`` key blocks into the workspace ``WO`` / ``WML``."""
         NUM_C: gl.constexpr = BLOCK_M // 64
         STAGES: gl.constexpr = K_STAGES
         q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn = \
             _ws_setup(QD, KD, VD, BLOCK_M, BLOCK_N, STAGES, PINGPONG)
         cons = (O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, O, O, O,
-                qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol)
+                qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
         prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
-                Lq, Lk, H, KV_GROUP, n_tiles, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, k_rb, k_rh, k_ch)
+                Lq, Lk, H, KV_GROUP, n_dp, sk_units, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, k_rb, k_rh, k_ch)
         _ws_run(cons, prod, NUM_C, REGS_C, REGS_P)
 
     # ---- 8-bit, warp-specialised: int8 Q·K (the pre-pass's smoothed, scaled copies), P·V in fp8 e4m3
@@ -467,30 +497,35 @@ def _build():
 
     @gluon.jit
     def _ws_consumer(c: gl.constexpr, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty,
-                     turn, QS, KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol):
+                     turn, QS, KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh,
+                     stride_ol):
         """Consumer warpgroup ``c`` of a warp-specialised kernel, over the program's tiles (the
         producer's order): its 64 query rows of each over every key block. Exact (16-bit Q / K: scores
         times ``qk_scale``) or 8-bit (int8 Q / K: the int32 scores times Q's row scales from ``QS`` and
         K's block scale from ``KS``), P·V in V's dtype, or in fp8 with V's channel max ``VA``. The K / V
         ring slots and the ping-pong's turns count on across tiles."""
         BLOCK_M: gl.constexpr = 64 * (q_smem.shape[0] // 2)
-        n_m, n_blocks, pid, grid, n_mine = _ws_schedule(q_smem, k_smem, Lq, Lk, n_tiles)
-        for it in range(0, n_mine):  # the program's it-th tile
-            mb, bh, b, h, hk = _tile(pid + it * grid, n_m, H, KV_GROUP)
+        n_m, n_blocks, pid, grid, n_mine, n_items = _ws_schedule(q_smem, k_smem, Lq, Lk, n_dp, sk_units)
+        for it in range(0, n_items):  # the program's it-th item
+            t, j0, n_j, g0, slot = _ws_item(it, n_mine, pid, grid, n_dp, sk_units, n_blocks)
+            mb, bh, b, h, hk = _tile(t, n_m, H, KV_GROUP)
             bhk = b * (H // KV_GROUP) + hk
             o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-            # the K / V blocks before it: it · n_blocks; the ping-pong turns: n_blocks + 1 a tile
+            # the ping-pong turns before it: a key block's, and one more an item
             _ws_tile(c, O, q_smem, q_bars, q_empty, it % 2, (it // 2) & 1, k_smem, v_smem, k_full, v_full,
-                     k_empty, v_empty, turn, it * n_blocks, it * (n_blocks + 1), QS, KS, VA, qk_scale, Lq, Lk,
-                     n_blocks, o_base, mb * BLOCK_M, stride_ol, bh * Lq, bhk * n_blocks, bhk * q_smem.shape[2])
+                     k_empty, v_empty, turn, g0, g0 + it, QS, KS, VA, qk_scale, Lq, Lk, j0, n_j, o_base,
+                     mb * BLOCK_M, stride_ol, bh * Lq, bhk * n_blocks, bhk * q_smem.shape[2], slot, WO, WML)
 
     @gluon.jit
     def _ws_tile(c: gl.constexpr, O, q_smem, q_bars, q_empty, qb, q_phase, k_smem, v_smem, k_full, v_full, k_empty,
-                 v_empty, turn, g, kt, QS, KS, VA, qk_scale, Lq, Lk, n_blocks, o_base, row0, stride_ol, qs_base,
-                 ks_base, va_base):
-        """One tile of consumer ``c``: Q from buffer ``qb`` (the other buffer, the tile before's, is
-        released on ``q_empty`` as this one begins), key block j in ring slot (g + j) % STAGES,
-        ping-pong turns from ``kt``."""
+                 v_empty, turn, g, kt, QS, KS, VA, qk_scale, Lq, Lk, j0, n_j, o_base, row0, stride_ol, qs_base,
+                 ks_base, va_base, slot, WO, WML):
+        """One item of consumer ``c``: key blocks j0 .. j0 + n_j - 1 of a tile, Q from buffer ``qb``
+        (the other buffer, the item before's, is released on ``q_empty`` as this one begins), the item's
+        jj-th key block in ring slot (g + jj) % STAGES, ping-pong turns from ``kt``. A whole tile
+        (``slot`` < 0) is normalised and stored; a stream-K segment's unnormalised output, row max and
+        row sum go to workspace slot ``slot`` (``WO``: (slots, BLOCK_M, HEAD_D), ``WML``: (slots, 2,
+        BLOCK_M), fp32) for kernels/attention_streamk.py's fixup."""
         INT8: gl.constexpr = q_smem.dtype == gl.int8
         NUM_C: gl.constexpr = q_smem.shape[0] // 2
         HEAD_D: gl.constexpr = q_smem.shape[2]
@@ -529,10 +564,10 @@ def _build():
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(st0))
         if INT8:
-            p, alpha, m_i, l_i = _softmax(_int_scores(s), 0, m_i, l_i, qsc * gl.load(KS + ks_base), Lk, BLOCK_N,
-                                          s_layout, P_LOG2, True, INT_OFF)
+            p, alpha, m_i, l_i = _softmax(_int_scores(s), j0, m_i, l_i, qsc * gl.load(KS + ks_base + j0), Lk,
+                                          BLOCK_N, s_layout, P_LOG2, True, INT_OFF)
         else:
-            p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax(s, j0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
         if FP8:
             # Each iteration makes P into the MMA's operand and issues it beside the next block's Q·Kᵀ:
             # carried over the loop's back edge, fp8 P's bytes were carried one a register and packed
@@ -541,7 +576,7 @@ def _build():
             # its result is never used. (The 16-bit forms keep the loop below: this one spilled there
             # with Triton 3.8.)
             p_op = _p_operand(p, v_smem.dtype, p_layout)
-            mbarrier.wait(k_full.index((g + 1) % STAGES), ((g + 1) // STAGES) & 1, pred=n_blocks > 1)
+            mbarrier.wait(k_full.index((g + 1) % STAGES), ((g + 1) // STAGES) & 1, pred=n_j > 1)
             mbarrier.wait(v_full.index(st0), (g // STAGES) & 1)
             _my_turn(turn, c, kt + 1)
             s_tok = warpgroup_mma(q, k_smem.index((g + 1) % STAGES).permute((1, 0)), s_zero, use_acc=False,
@@ -552,23 +587,23 @@ def _build():
             # the blocks before block j-1 stay at block j-2's max until block j-1's sum arrives; one FMA
             # then rescales them and adds it
             alpha_prev = alpha
-            for j in range(1, n_blocks):
-                st = (g + j) % STAGES
+            for jj in range(1, n_j):
+                st = (g + jj) % STAGES
                 mbarrier.arrive(k_empty.index(st))
-                p, alpha, m_i, l_i = _softmax(_int_scores(s), j, m_i, l_i, qsc * gl.load(KS + ks_base + j), Lk,
-                                              BLOCK_N, s_layout, P_LOG2, True, INT_OFF)
+                p, alpha, m_i, l_i = _softmax(_int_scores(s), j0 + jj, m_i, l_i, qsc * gl.load(KS + ks_base + j0 + jj),
+                                              Lk, BLOCK_N, s_layout, P_LOG2, True, INT_OFF)
                 pv = warpgroup_mma_wait(0, deps=(o_tok,))
-                mbarrier.arrive(v_empty.index((g + j - 1) % STAGES))
+                mbarrier.arrive(v_empty.index((g + jj - 1) % STAGES))
                 # one key block's products summed by the MMA, the blocks in fp32 registers (the fp8 MMA's
                 # accumulator keeps fewer mantissa bits: summing every block in it failed the accuracy
                 # goal at 32760 keys with outlier channels)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv
                 alpha_prev = alpha
                 p_op = _p_operand(p, v_smem.dtype, p_layout)
-                nst = (g + j + 1) % STAGES
-                mbarrier.wait(k_full.index(nst), ((g + j + 1) // STAGES) & 1, pred=j + 1 < n_blocks)
-                mbarrier.wait(v_full.index(st), ((g + j) // STAGES) & 1)
-                _my_turn(turn, c, kt + j + 1)
+                nst = (g + jj + 1) % STAGES
+                mbarrier.wait(k_full.index(nst), ((g + jj + 1) // STAGES) & 1, pred=jj + 1 < n_j)
+                mbarrier.wait(v_full.index(st), ((g + jj) // STAGES) & 1)
+                _my_turn(turn, c, kt + jj + 1)
                 s_tok = warpgroup_mma(q, k_smem.index(nst).permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 o_tok = warpgroup_mma(p_op, _v_operand(v_smem, st), o_zero, use_acc=False, is_async=True)
                 _pass_turn(turn, c)
@@ -578,58 +613,70 @@ def _build():
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
         else:
             p_op = _p_operand(p, v_smem.dtype, p_layout)
-            for j in range(1, n_blocks):
-                st = (g + j) % STAGES
-                pst = (g + j - 1) % STAGES
-                mbarrier.wait(k_full.index(st), ((g + j) // STAGES) & 1)
-                mbarrier.wait(v_full.index(pst), ((g + j - 1) // STAGES) & 1)
-                _my_turn(turn, c, kt + j)
+            for jj in range(1, n_j):
+                st = (g + jj) % STAGES
+                pst = (g + jj - 1) % STAGES
+                mbarrier.wait(k_full.index(st), ((g + jj) // STAGES) & 1)
+                mbarrier.wait(v_full.index(pst), ((g + jj - 1) // STAGES) & 1)
+                _my_turn(turn, c, kt + jj)
                 s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 o_tok = warpgroup_mma(p_op, _v_operand(v_smem, pst), acc, is_async=True)
                 _pass_turn(turn, c)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(st))
                 if INT8:
-                    p, alpha, m_i, l_i = _softmax(_int_scores(s), j, m_i, l_i, qsc * gl.load(KS + ks_base + j),
-                                                  Lk, BLOCK_N, s_layout, P_LOG2, True, INT_OFF)
+                    p, alpha, m_i, l_i = _softmax(_int_scores(s), j0 + jj, m_i, l_i,
+                                                  qsc * gl.load(KS + ks_base + j0 + jj), Lk, BLOCK_N, s_layout,
+                                                  P_LOG2, True, INT_OFF)
                 else:
-                    p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
+                    p, alpha, m_i, l_i = _softmax(s, j0 + jj, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
                 pv = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(pst))
                 # blocks < j at block j-1's max (the MMA added block j-1); then rescaled to block j's
                 acc = pv * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p_op = _p_operand(p, v_smem.dtype, p_layout)
-            lst = (g + n_blocks - 1) % STAGES
-            mbarrier.wait(v_full.index(lst), ((g + n_blocks - 1) // STAGES) & 1)
-            _my_turn(turn, c, kt + n_blocks)
+            lst = (g + n_j - 1) % STAGES
+            mbarrier.wait(v_full.index(lst), ((g + n_j - 1) // STAGES) & 1)
+            _my_turn(turn, c, kt + n_j)
             o_tok = warpgroup_mma(p_op, _v_operand(v_smem, lst), acc, is_async=True)
             _pass_turn(turn, c)
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
-        mbarrier.arrive(v_empty.index((g + n_blocks - 1) % STAGES))
+        mbarrier.arrive(v_empty.index((g + n_j - 1) % STAGES))
         if FP8:
             acc = (acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv) * gl.expand_dims(vs, 0)
         else:
             acc = pv
-        acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-        rows = row0 + c * 64 + gl.arange(0, 64, layout=row_o)
         offs_d = gl.arange(0, HEAD_D, layout=col_o)
-        ptrs = o_base + gl.expand_dims(rows.to(gl.int64) * stride_ol, 1) + gl.expand_dims(offs_d, 0)
-        gl.store(ptrs, acc.to(O.dtype.element_ty), mask=gl.expand_dims(rows < Lq, 1))
+        if slot < 0:
+            acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+            rows = row0 + c * 64 + gl.arange(0, 64, layout=row_o)
+            ptrs = o_base + gl.expand_dims(rows.to(gl.int64) * stride_ol, 1) + gl.expand_dims(offs_d, 0)
+            gl.store(ptrs, acc.to(O.dtype.element_ty), mask=gl.expand_dims(rows < Lq, 1))
+        else:  # a stream-K segment: its rows of the tile, every one (the fixup masks past L_q)
+            BLOCK_M: gl.constexpr = 64 * NUM_C
+            r_o = c * 64 + gl.arange(0, 64, layout=row_o)
+            ws = WO + slot.to(gl.int64) * (BLOCK_M * HEAD_D)
+            gl.store(ws + gl.expand_dims(r_o * HEAD_D, 1) + gl.expand_dims(offs_d, 0), acc)
+            r_s = c * 64 + gl.arange(0, 64, layout=row_s)
+            gl.store(WML + slot * (2 * BLOCK_M) + r_s, m_i)
+            gl.store(WML + slot * (2 * BLOCK_M) + BLOCK_M + r_s, l_i)
 
     @gluon.jit
     def _ws_consumer0(O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS, KS,
-                      VA, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol):
+                      VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh,
+                      stride_ol):
         _ws_consumer(0, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, QS,
-                     KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol)
+                     KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
 
     @gluon.jit
     def _ws_consumer1(O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS, KS,
-                      VA, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol):
+                      VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh,
+                      stride_ol):
         _ws_consumer(1, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, QS,
-                     KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol)
+                     KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
 
-    @gluon.jit(do_not_specialize=["n_tiles"])
-    def attn_fwd_hopper_ws8(QD, KD, VD, O, QS, KS, VA, Lq, Lk, H, KV_GROUP, n_tiles,
+    @gluon.jit(do_not_specialize=["n_dp", "sk_units"])
+    def attn_fwd_hopper_ws8(QD, KD, VD, O, QS, KS, VA, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML,
                             q_rb, q_rh, k_rb, k_rh, v_rb, v_rh, v_ch, stride_ob, stride_oh, stride_ol,
                             HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             STAGES: gl.constexpr, num_warps: gl.constexpr,
@@ -641,9 +688,9 @@ def _build():
         q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn = \
             _ws_setup(QD, KD, VD, BLOCK_M, BLOCK_N, STAGES, PINGPONG)
         cons = (O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                1.0, Lq, Lk, H, KV_GROUP, n_tiles, stride_ob, stride_oh, stride_ol)
+                1.0, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
         prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
-                Lq, Lk, H, KV_GROUP, n_tiles, q_rb, q_rh, 0, k_rb, k_rh, 0, v_rb, v_rh, v_ch)
+                Lq, Lk, H, KV_GROUP, n_dp, sk_units, q_rb, q_rh, 0, k_rb, k_rh, 0, v_rb, v_rh, v_ch)
         _ws_run(cons, prod, NUM_C, REGS_C, REGS_P)
 
     return attn_fwd_hopper, attn_fwd_hopper_ws, attn_fwd_hopper_ws8
@@ -695,13 +742,43 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _ws_grid(tiles: int, device, light: bool):
-    """(grid, tiles to run) of a warp-specialised launch; ``light``: one program, one tile."""
+# Stream-K for the last wave of a persistent launch (kernels/attention_streamk.py); False: whole tiles only
+STREAM_K = True
+
+
+@functools.lru_cache(maxsize=None)
+def _no_workspace(device):
+    """The workspace arguments of a launch without stream-K (never read): fp32, like the real ones, so
+    both launches share a compiled kernel."""
+    return torch.zeros(1, dtype=torch.float32, device=device)
+
+
+def _ws_grid(tiles: int, n_blocks: int, device, light: bool):
+    """(grid, whole tiles, stream-K key blocks) of a warp-specialised launch; ``light``: one program, one
+    tile."""
     if light:
-        return (1,), 1
+        return (1,), 1, 0
     if not PERSISTENT or device.type != "cuda":
-        return (tiles,), tiles
-    return (min(tiles, _sm_count(device.index if device.index is not None else torch.cuda.current_device())),), tiles
+        return (tiles,), tiles, 0
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    n_dp, units = SK.schedule(tiles, n_blocks, sms) if STREAM_K else (tiles, 0)
+    # with stream-K every SM takes a share of the last tiles, also where there are fewer tiles than SMs
+    return ((sms if units else min(tiles, sms)),), n_dp, units
+
+
+def _ws_launch(launch_fn, kern, grid, n_dp, units, args_head, args_tail, o, so, H, Lq, Lk, bm, bn, D, warmup,
+               consts):
+    """A warp-specialised kernel's launch, and with stream-K the fixup after it (its own workspace)."""
+    dev = o.device
+    if units:
+        wo, wml = SK.workspace(grid[0], bm, D, dev)
+    else:
+        wo = wml = _no_workspace(dev)
+    launch_fn(kern, grid, *args_head, n_dp, units, wo, wml, *args_tail, warmup=warmup, **consts)
+    if units:
+        n_blocks = (Lk + bn - 1) // bn
+        tab = SK.table(n_dp, units, n_blocks, grid[0], dev)
+        SK.fixup(wo, wml, tab, o, n_dp, (Lq + bm - 1) // bm, H, Lq, so, bm, D, launch_fn, warmup=warmup)
 
 
 def launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_fn, warmup=False, ws=False,
@@ -720,16 +797,15 @@ def launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_f
     kd = descriptor(k2, (bn, D))
     vd = descriptor(v2, (bn, D))
     tiles = ((Lq + bm - 1) // bm) * B * H
+    head = (qd, kd, vd, o, sm_scale * LOG2E, Lq, Lk, H, H // Hk)
+    tail = (q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, so[0], so[1], so[2])
+    consts = {"HEAD_D": D, "BLOCK_M": bm, "BLOCK_N": bn, "K_STAGES": ks, "V_STAGES": vs, "num_warps": nw}
     if ws:
-        grid, tiles = _ws_grid(tiles, q2.device, light)
-        extra = (tiles,)
+        grid, n_dp, units = _ws_grid(tiles, (Lk + bn - 1) // bn, q2.device, light)
+        consts.update(REGS_C=WS_CONSUMER_REGS, REGS_P=WS_PRODUCER_REGS, PINGPONG=ws == "pp")
+        _ws_launch(launch_fn, kernel(ws), grid, n_dp, units, head, tail, o, so, H, Lq, Lk, bm, bn, D, warmup, consts)
     else:
-        grid, extra = ((1,) if light else (tiles,)), ()
-    regs = {"REGS_C": WS_CONSUMER_REGS, "REGS_P": WS_PRODUCER_REGS, "PINGPONG": ws == "pp"} if ws else {}
-    launch_fn(kernel(ws), grid, qd, kd, vd, o, sm_scale * LOG2E, Lq, Lk, H, H // Hk, *extra,
-              q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, so[0], so[1], so[2],
-              HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, K_STAGES=ks, V_STAGES=vs, num_warps=nw,
-              warmup=warmup, **regs)
+        launch_fn(kernel(ws), (1,) if light else (tiles,), *head, *tail, warmup=warmup, **consts)
 
 
 def launch8(qi, qs, ki, ks, v_view, vamax, o, so, B, H, Hk, Lq, Lk, D, cfg, launch_fn, warmup=False, pp=False,
@@ -751,11 +827,12 @@ def launch8(qi, qs, ki, ks, v_view, vamax, o, so, B, H, Hk, Lq, Lk, D, cfg, laun
         v2, (v_rb, v_rh, v_ch) = v_view
         vd = descriptor(v2, (bn, D))
         va = qs  # unused
-    grid, tiles = _ws_grid(((Lq + bm - 1) // bm) * B * H, qi.device, light)
-    launch_fn(kernel(int8=True), grid, qd, kd, vd, o, qs, ks, va, Lq, Lk, H, H // Hk, tiles,
-              H * Lq, Lq, Hk * Lk, Lk, v_rb, v_rh, v_ch, so[0], so[1], so[2],
-              HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=4,
-              REGS_C=WS8_CONSUMER_REGS, REGS_P=WS8_PRODUCER_REGS, PINGPONG=bool(pp), warmup=warmup)
+    grid, n_dp, units = _ws_grid(((Lq + bm - 1) // bm) * B * H, (Lk + bn - 1) // bn, qi.device, light)
+    consts = {"HEAD_D": D, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "num_warps": 4,
+              "REGS_C": WS8_CONSUMER_REGS, "REGS_P": WS8_PRODUCER_REGS, "PINGPONG": bool(pp)}
+    _ws_launch(launch_fn, kernel(int8=True), grid, n_dp, units, (qd, kd, vd, o, qs, ks, va, Lq, Lk, H, H // Hk),
+               (H * Lq, Lq, Hk * Lk, Lk, v_rb, v_rh, v_ch, so[0], so[1], so[2]), o, so, H, Lq, Lk, bm, bn, D, warmup,
+               consts)
 
 
 def compile_spec8(dtype, head_dim: int, cfg, fp8_pv: bool = True, pp: bool = False):
@@ -769,9 +846,9 @@ def compile_spec8(dtype, head_dim: int, cfg, fp8_pv: bool = True, pp: bool = Fal
     vd = desc("fp8e4nv", torch.float8_e4m3fn, (head_dim, bn)) if fp8_pv else desc(ty, dtype, (bn, head_dim))
     sig = {"QD": desc("i8", torch.int8, (64, head_dim)), "KD": desc("i8", torch.int8, (bn, head_dim)), "VD": vd,
            "O": f"*{ty}", "QS": "*fp32", "KS": "*fp32", "VA": "*fp32"}
-    for n in ("Lq", "Lk", "H", "KV_GROUP", "n_tiles", "q_rb", "q_rh", "k_rb", "k_rh", "v_rb", "v_rh", "v_ch",
-              "stride_ob", "stride_oh", "stride_ol"):
-        sig[n] = "i32"
+    for n in ("Lq", "Lk", "H", "KV_GROUP", "n_dp", "sk_units", "WO", "WML", "q_rb", "q_rh", "k_rb", "k_rh", "v_rb",
+              "v_rh", "v_ch", "stride_ob", "stride_oh", "stride_ol"):
+        sig[n] = "*fp32" if n in ("WO", "WML") else "i32"
     consts = {"HEAD_D": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "num_warps": 4,
               "REGS_C": WS8_CONSUMER_REGS, "REGS_P": WS8_PRODUCER_REGS, "PINGPONG": bool(pp)}
     for n in consts:
@@ -795,8 +872,8 @@ def compile_spec(dtype, head_dim: int, cfg, ws: bool = False):
         nw = 4
     sig = {"QD": desc(64 if ws else bm), "KD": desc(bn), "VD": desc(bn), "O": f"*{ty}", "qk_scale": "fp32"}
     tail = ("q_rb", "q_rh", "q_ch", "k_rb", "k_rh", "k_ch", "stride_ob", "stride_oh", "stride_ol")
-    for n in ("Lq", "Lk", "H", "KV_GROUP") + (("n_tiles",) if ws else ()) + tail:
-        sig[n] = "i32"
+    for n in ("Lq", "Lk", "H", "KV_GROUP") + (("n_dp", "sk_units", "WO", "WML") if ws else ()) + tail:
+        sig[n] = "*fp32" if n in ("WO", "WML") else "i32"
     consts = {"HEAD_D": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "K_STAGES": stages, "V_STAGES": stages,
               "num_warps": nw}
     if ws:

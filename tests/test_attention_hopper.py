@@ -299,3 +299,38 @@ def test_cuda_gluon_8bit_meets_the_accuracy_goal(kind, poison):
                     r = ref
                 g, worst, finite = cos_stats(got, r)
                 assert finite and g >= EIGHT_BIT_GOAL[0] and worst >= EIGHT_BIT_GOAL[1], (Lq, Lk, D, variant, cfg, g, worst)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [0, 2, 3])
+def test_cuda_stream_k_matches_float64(case, poison, monkeypatch):
+    """The warp-specialised forms with stream-K taken (its thresholds lowered where the shape is small):
+    segments of the last tiles merged by the fixup, against float64, exact and 8-bit, GQA, odd lengths."""
+    if not _sm90() or not AH.gluon_available():
+        pytest.skip("the Gluon kernel is for sm90 (Hopper) with Triton's Gluon API")
+    from tritonkit.kernels import attention_streamk as SK
+    monkeypatch.setattr(SK, "MIN_UNITS", 1)
+    monkeypatch.setattr(SK, "MIN_IDLE_SHARE", 0.0)
+    B, H, group, Lq, Lk, D, dtype, layout = CASES[case]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n_dp, units = SK.schedule(B * H * -(-Lq // 128), -(-Lk // 128), sms)
+    assert units > 0, "stream-K not taken: the test would test nothing"
+    gen = torch.Generator().manual_seed(3000 + case)
+    q, k, v = make_qkv(B, H, H // group, Lq, Lk, D, dtype, layout, gen, "cuda")
+    ref = A.attention_reference(q, k, v, H, layout=layout)
+    for variant in (A.GLUON_WS, A.GLUON_PP):
+        for cfg in AH.candidates(D, ws=A._GLUON_WS[variant]):
+            out = poison(torch.empty(ref.shape, dtype=dtype, device="cuda"))
+            A.attention(q, k, v, H, layout=layout, config=tuple(cfg) + (variant,), out=out)
+            check(out, ref, dtype, "exact", f"stream-K case {case} cfg {cfg} variant {variant}")
+    q, k, v = make_qkv(B, H, H // group, Lq, Lk, D, dtype, layout, gen, "cuda", outliers=True)
+    ref = A.attention_reference(q, k, v, H, layout=layout)
+    for variant in (A.G8_HALF, A.G8_FP8):
+        for cfg in AH.candidates8(D, variant == A.G8_FP8):
+            out = poison(torch.empty(ref.shape, dtype=dtype, device="cuda"))
+            A.attention(q, k, v, H, layout=layout, mode="int8", pv="fp8" if variant == A.G8_FP8 else "half",
+                        config=tuple(cfg) + (variant,), out=out)
+            got, r = (out, ref) if layout == "bhld" else (out.reshape(B, Lq, H, D).transpose(1, 2),
+                                                           ref.reshape(B, Lq, H, D).transpose(1, 2))
+            g, worst, finite = cos_stats(got, r)
+            assert finite and g >= EIGHT_BIT_GOAL[0] and worst >= EIGHT_BIT_GOAL[1], (case, variant, cfg, g, worst)
