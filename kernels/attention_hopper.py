@@ -45,8 +45,10 @@ persistent: at most a program an SM, each taking every grid-th tile (a head's ti
 programs running at once share its K / V in L2), with two Q buffers, so that the next tile's Q arrives while
 the consumers still work on this one, and K / V ring slots that count on across tiles. On an H100 a tile
 paid about 2.5 µs beyond its key blocks for its Q's first load, its CTA's setup and launch (globaltimer /
-clock64 stamps per program, BENCHMARKS.md, thirty-sixth session); persistence took 2-4 % off Flux's and
-SDXL's calls.
+clock64 stamps per program, BENCHMARKS.md, thirty-sixth session); persistence took 1-3 % off Flux's and
+SDXL's calls. Where the tiles leave the last wave part-filled, its tiles' key blocks are shared out over every
+SM instead (stream-K, kernels/attention_streamk.py): a program's whole tiles, then up to two segments of
+the last tiles, whose unnormalised outputs a fixup launch merges.
 
 Scope: sm90, fp16 / bf16, head 64 or 128 (no padding), no mask, not causal, any L_q / L_kv, GQA,
 both layouts, Q / K / V foldable into 2-D TMA views (kernels/attention.py's ``_tma_view2d``). A
