@@ -4,7 +4,7 @@ module switches):
 
 * ``--ab persistent``: persistent (at most a program an SM, each taking every grid-th tile) against a program
   a tile (``PERSISTENT``), stream-K off in both;
-* ``--ab streamk``: persistent with stream-K for the last wave (kernels/attention_streamk.py; where its
+* ``--ab streamk``: persistent with stream-K for the last wave (kernels/attention_streamk.py, opt-in; where its
   schedule takes it) against persistent without (``STREAM_K``).
 
 ms a call, median (min-max) over the rounds, × cuDNN, each form's B ÷ A ratio round by round, and the cosine
@@ -51,6 +51,7 @@ def main():
     # (name, PERSISTENT, STREAM_K) of A and B
     arms = ([("persistent", True, False), ("a-tile", False, False)] if a.ab == "persistent"
             else [("stream-k", True, True), ("whole-tiles", True, False)])
+    default = (AH.PERSISTENT, AH.STREAM_K)
     print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count, "SMs, torch",
           torch.__version__, "triton", triton.__version__, flush=True)
     for name in a.shapes.split(","):
@@ -77,7 +78,7 @@ def main():
         for r in range(a.rounds):  # A B ... then ... B A
             for n, f in (list(fns.items()) if r % 2 == 0 else list(fns.items())[::-1]):
                 t[n].append(triton.testing.do_bench(f, warmup=100, rep=40))
-        AH.PERSISTENT, AH.STREAM_K = True, True
+        AH.PERSISTENT, AH.STREAM_K = default
         print(f"== {name} {(B, H, L, D)}: {B * H * triton.cdiv(L, 128)} tiles of 128 rows", flush=True)
         for n, x in t.items():
             rat = statistics.median([c / y for c, y in zip(t["cudnn"], x)])
