@@ -55,19 +55,16 @@ def _segment(q, k, v, j0, j1, bn, scale):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_fixup_merges_the_segments_into_exact_attention(dtype, poison):
+def test_the_fixup_merges_the_segments_into_exact_attention(dtype, poison, monkeypatch):
     gen = torch.Generator().manual_seed(123)
     B, H, Lq, bm, bn, D, grid = 1, 3, 200, 128, 16, 16, 4  # 2 query tiles a head, 6 tiles on 4 programs
     n_m = -(-Lq // bm)
     Lk = 7 * bn
     n_blocks = Lk // bn
     n_tiles = B * H * n_m
-    old = SK.MIN_UNITS, SK.MIN_IDLE_SHARE
-    SK.MIN_UNITS, SK.MIN_IDLE_SHARE = 1, 0.0
-    try:
-        n_dp, units = SK.schedule(n_tiles, n_blocks, grid)
-    finally:
-        SK.MIN_UNITS, SK.MIN_IDLE_SHARE = old
+    monkeypatch.setattr(SK, "MIN_UNITS", 1)
+    monkeypatch.setattr(SK, "MIN_IDLE_SHARE", 0.0)
+    n_dp, units = SK.schedule(n_tiles, n_blocks, grid)
     assert units and n_dp == 4
     q = torch.randn(B, H, Lq, D, generator=gen) * 2
     k = torch.randn(B, H, Lk, D, generator=gen)
