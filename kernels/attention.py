@@ -52,7 +52,7 @@ import triton.language as tl
 
 from . import attention_hopper, calibration, fast_launch, prepare, trials, tuning
 from .device import capability
-from .runtime import INTERPRETER_LOCK, cdiv, eager_plain, kernel_for, next_pow2
+from .runtime import INTERPRETER_LOCK, OP_NAMESPACE, cdiv, eager_plain, kernel_for, next_pow2, op_exists
 from .runtime import launch as launch_kernel
 
 LOG2E = 1.4426950408889634
@@ -1338,11 +1338,17 @@ def _attention_fake(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, b
     return q.new_empty(shape)
 
 
-try:
-    _attention_op = torch.library.custom_op("tritonkit::attention", mutates_args=())(_op_impl)
-    _attention_op.register_fake(_attention_fake)
-except Exception:  # noqa: BLE001 - e.g. a torch that refuses a second registration (pack imported twice)
-    _attention_op = _op_impl
+# Defined once per process (runtime.op_exists): a second copy of the pack calls the first copy's op.
+_OP_DEF = None
+if not op_exists("attention"):
+    try:
+        _OP_DEF = torch.library.custom_op(f"{OP_NAMESPACE}::attention", mutates_args=())(_op_impl)
+        _OP_DEF.register_fake(_attention_fake)
+    except Exception as e:  # noqa: BLE001 - a torch without custom ops: compiled graphs trace the implementation
+        calibration.log_once("op-define", f"TritonKit: the attention op could not be defined ({type(e).__name__}: "
+                             f"{e}); torch.compile traces its implementation instead")
+_attention_op = getattr(getattr(torch.ops, OP_NAMESPACE), "attention").default if op_exists("attention") \
+    else _op_impl
 
 
 def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bld", out_layout: str | None = None,
@@ -1381,9 +1387,8 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
                            pv=pv, arch=int(arch or 0))
     op = _attention_op
     if eager_plain(q):
-        # Eager calls on plain tensors run the implementation directly (runtime.eager_plain). On
-        # CPU it also avoids a custom-op call running the Triton interpreter inside it, which
-        # crashed torch 2.14's dispatcher intermittently in CI (segfault in OpOverload.__call__).
+        # Eager calls on plain tensors run the implementation directly (runtime.eager_plain): no
+        # dispatcher call.
         op = _attention_impl
     return op(q, k, v, mask, int(heads), bhld, out_bhld,
                          None if scale is None else float(scale), mode == "int8", bool(causal),

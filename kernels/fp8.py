@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import INTERPRETER_LOCK, Serialized, cdiv, eager_plain, kernel_for, next_pow2
+from .runtime import INTERPRETER_LOCK, OP_NAMESPACE, Serialized, cdiv, eager_plain, kernel_for, next_pow2, op_exists
 from .runtime import launch as launch_kernel
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -482,21 +482,10 @@ def _encode_bits_torch(v: torch.Tensor, fp8_dtype: torch.dtype, saturate: bool) 
 
 
 # ----------------------------------------------------------------------------- custom ops
-OP_NAMESPACE = "tritonkit"
-
-
-def _op_exists(name: str) -> bool:
-    try:
-        getattr(getattr(torch.ops, OP_NAMESPACE), name)
-        return True
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def _define_ops():
     """Defines ``tritonkit::fp8_decode`` and ``tritonkit::fp8_encode`` once per process (a second
     import of the pack under another module name reuses the first definition)."""
-    if not _op_exists("fp8_decode"):
+    if not op_exists("fp8_decode"):
         @torch.library.custom_op(f"{OP_NAMESPACE}::fp8_decode", mutates_args=())
         def fp8_decode(x: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype,
                        round_scale: bool = False) -> torch.Tensor:
@@ -506,7 +495,7 @@ def _define_ops():
         def _(x, scale, dtype, round_scale=False):
             return torch.empty(x.shape, dtype=dtype, device=x.device)
 
-    if not _op_exists("fp8_encode"):
+    if not op_exists("fp8_encode"):
         @torch.library.custom_op(f"{OP_NAMESPACE}::fp8_encode", mutates_args=())
         def fp8_encode(x: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype,
                        saturate: int = -1) -> torch.Tensor:

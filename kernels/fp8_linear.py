@@ -35,9 +35,9 @@ import triton.runtime.errors
 from . import tuning
 from .arch_probe import dot_has_tensor_cores
 from .device import capability
-from .runtime import cdiv, eager_plain, next_pow2
+from .runtime import OP_NAMESPACE, cdiv, eager_plain, next_pow2, op_exists
 from .runtime import launch as launch_kernel
-from .fp8 import LAUNCHES, _FMT, _op_exists, OP_NAMESPACE, decode, fp8_bits_to_f32_bits, launchable, wrapping_int_math
+from .fp8 import LAUNCHES, _FMT, decode, fp8_bits_to_f32_bits, launchable, wrapping_int_math
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
@@ -276,7 +276,7 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 
 
 # ----------------------------------------------------------------------------- custom op
-if not _op_exists("fp8_linear"):
+if not op_exists("fp8_linear"):
     @torch.library.custom_op(f"{OP_NAMESPACE}::fp8_linear", mutates_args=())
     def _fp8_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                        scale: Optional[torch.Tensor]) -> torch.Tensor:

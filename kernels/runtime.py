@@ -143,6 +143,23 @@ def launch(kernel, grid, *args, warmup: bool = False, plan=None, **kwargs):
     return kernel[grid](*args, **kwargs)
 
 
+# The pack's torch custom ops (tritonkit::attention, fp8_decode, fp8_encode, fp8_linear) are defined once per
+# process. A second import of the pack (pytest's rootdir package beside ``tritonkit``, two copies of the folder in
+# custom_nodes) must reuse the first definition: torch.library.custom_op replaces an op defined before, destroying
+# the first registration, and an OpOverload the first copy kept then points at freed dispatcher memory (a segfault,
+# std::bad_alloc or "vector::reserve" in OpOverload.__call__, BENCHMARKS.md, thirty-seventh session).
+OP_NAMESPACE = "tritonkit"
+
+
+def op_exists(name: str) -> bool:
+    """Whether ``tritonkit::<name>`` is defined in this process (by any copy of the pack)."""
+    try:
+        getattr(getattr(torch.ops, OP_NAMESPACE), name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def cpu_mode() -> str:
     """How Triton kernels run on CPU tensors in this process."""
     if triton_cpu_backend_available():

@@ -399,15 +399,62 @@ print("custom op ok")
 
 
 def test_custom_op_fake_and_compile():
-    # In its own process: after many Triton-interpreter runs in one process, the first dispatcher
-    # call of the op segfaulted intermittently inside torch 2.14 (fake tensors included); a fresh
-    # process never did (6/6). Eager CPU calls bypass the dispatcher for that reason.
+    # In its own process, as before the cause of the dispatcher crashes it once avoided was found (a second
+    # copy of the pack redefining the op: the test below).
     import subprocess
     import sys
     from pathlib import Path
     r = subprocess.run([sys.executable, "-c", _CUSTOM_OP_SCRIPT, str(Path(__file__).parent)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "custom op ok" in r.stdout, (r.returncode, r.stdout[-2000:], r.stderr[-4000:])
+
+
+_SECOND_COPY_SCRIPT = r"""
+import sys, types, torch
+import torch._library.custom_ops as co
+sys.path.insert(0, sys.argv[1])
+defined = []
+orig = co.get_library_allowing_overwrite
+def counting(ns, name):
+    defined.append((ns, name))
+    return orig(ns, name)
+co.get_library_allowing_overwrite = counting
+import conftest  # noqa: F401  (the tritonkit package)
+from tritonkit.kernels import attention as A
+from test_attention import make_qkv
+pkg = types.ModuleType("tritonkit_second_copy")
+pkg.__path__ = [sys.argv[2]]
+sys.modules["tritonkit_second_copy"] = pkg
+import importlib
+A2 = importlib.import_module("tritonkit_second_copy.kernels.attention")
+assert A2 is not A
+assert defined.count(("tritonkit", "attention")) == 1, defined
+assert A._attention_op is A2._attention_op is torch.ops.tritonkit.attention.default
+gen = torch.Generator().manual_seed(int(sys.argv[3]))
+q, k, v = make_qkv(1, 2, 2, 24, 20, 16, torch.float16, "bld", gen)
+def f(q, k, v):
+    return A.attention(q * 1.0, k, v, 2, config=(16, 16, 4, 1)) + 1.0
+for _ in range(3):  # the first copy's op, called again after the second copy's import
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
+    ref = A.attention_reference(q, k, v, 2).to(torch.float16) + 1.0
+    assert (compiled.float() - ref.float()).abs().max().item() < 2e-2
+print("defined once ok")
+"""
+
+
+def test_attention_op_defined_once_when_the_pack_is_imported_twice():
+    """A second copy of the pack (pytest imports the repository as a package beside ``tritonkit``; two copies of
+    the folder in custom_nodes) reuses the first copy's op: torch.library.custom_op would replace it, and the
+    first copy's OpOverload then pointed at freed dispatcher memory (segfaults, std::bad_alloc, vector::reserve
+    in the first compiled call; BENCHMARKS.md, thirty-seventh session)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    r = subprocess.run([sys.executable, "-c", _SECOND_COPY_SCRIPT, str(Path(__file__).parent),
+                        str(Path(__file__).parents[1]), str(seed)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "defined once ok" in r.stdout, (r.returncode, r.stdout[-2000:], r.stderr[-4000:])
 
 
 def _compile_one(job):
