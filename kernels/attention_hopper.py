@@ -46,7 +46,7 @@ programs running at once share its K / V in L2), with two Q buffers, so that the
 the consumers still work on this one, and K / V ring slots that count on across tiles. On an H100 a tile
 paid about 2.5 µs beyond its key blocks for its Q's first load, its CTA's setup and launch (globaltimer /
 clock64 stamps per program, BENCHMARKS.md, thirty-sixth session); persistence took 1-3 % off Flux's and
-SDXL's calls. Opt-in (TRITONKIT_STREAM_K=1, see STREAM_K): where the tiles leave the last wave part-filled, its
+SDXL's calls. Where the tiles leave the last wave part-filled (TRITONKIT_STREAM_K=0 turns this off), its
 tiles' key blocks are shared out over every SM instead (stream-K, kernels/attention_streamk.py): a program's
 whole tiles, then up to two segments of the last tiles, whose unnormalised outputs a fixup launch merges.
 
@@ -745,13 +745,12 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-# Stream-K for the last wave of a persistent launch (kernels/attention_streamk.py), opt-in: TRITONKIT_STREAM_K=1.
-# Off by default: with it on, the H100's GPU suite twice failed its two torch.compile tests in one test order
-# (a C++ "vector::reserve" in Dynamo's fake-tensor call of the attention op, after earlier tests had run stream-K
-# calls) and passed them in three other runs of that order; the cause is not found (BENCHMARKS.md, thirty-sixth
-# session). Benches set the attribute.
+# Stream-K for the last wave of a persistent launch (kernels/attention_streamk.py); TRITONKIT_STREAM_K=0 turns it
+# off. It was opt-in for a session: with it on, the GPU suite's first torch.compile calls failed in some runs. The
+# cause was the attention op redefined by a second copy of the pack (kernels/runtime.op_exists), with or without
+# stream-K (BENCHMARKS.md, thirty-seventh session). Benches set the attribute.
 STREAM_K_ENV = "TRITONKIT_STREAM_K"
-STREAM_K = os.environ.get(STREAM_K_ENV, "0") not in ("", "0")
+STREAM_K = os.environ.get(STREAM_K_ENV, "1").strip() not in ("0", "false", "no", "off")
 
 
 @functools.lru_cache(maxsize=None)

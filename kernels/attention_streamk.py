@@ -1,5 +1,5 @@
-"""Stream-K for the warp-specialised Gluon attention kernels' last wave (kernels/attention_hopper.py; opt-in,
-``TRITONKIT_STREAM_K=1``: see attention_hopper.STREAM_K).
+"""Stream-K for the warp-specialised Gluon attention kernels' last wave (kernels/attention_hopper.py;
+``TRITONKIT_STREAM_K=0`` turns it off: see attention_hopper.STREAM_K).
 
 A persistent grid of G programs over T tiles of ``n_blocks`` key blocks each runs T // G whole tiles a program;
 when T is not a multiple of G, the last r = T % G tiles would leave G - r SMs idle for a whole tile (at Flux's

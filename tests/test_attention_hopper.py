@@ -308,7 +308,7 @@ def test_cuda_stream_k_matches_float64(case, poison, monkeypatch):
     if not _sm90() or not AH.gluon_available():
         pytest.skip("the Gluon kernel is for sm90 (Hopper) with Triton's Gluon API")
     from tritonkit.kernels import attention_streamk as SK
-    monkeypatch.setattr(AH, "STREAM_K", True)  # opt-in (TRITONKIT_STREAM_K)
+    monkeypatch.setattr(AH, "STREAM_K", True)  # whatever TRITONKIT_STREAM_K says
     monkeypatch.setattr(SK, "MIN_UNITS", 1)
     monkeypatch.setattr(SK, "MIN_IDLE_SHARE", 0.0)
     B, H, group, Lq, Lk, D, dtype, layout = CASES[case]
