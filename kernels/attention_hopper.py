@@ -88,9 +88,12 @@ CANDIDATES = {
 }
 # The warp-specialised kernel (with or without the ping-pong): BLOCK_M / 64 consumer warpgroups
 # (num_warps is always 4, the default partition), one producer warp, K and V rings of ``stages``.
+# Head 64 also with three consumers (BLOCK_M 192, not for the ping-pong), as FlashAttention-3 runs it: at
+# SDXL's shape on an H100 0.977-0.993× cuDNN against 0.970-0.976 with two (medians of two interleaved runs,
+# spreads overlapping; BENCHMARKS.md, thirty-seventh session), so a candidate the tuning times, not a default.
 CANDIDATES_WS = {
     128: [(128, 128, 4, 2)],
-    64: [(128, 128, 4, 3)],
+    64: [(128, 128, 4, 3), (192, 128, 4, 2)],
 }
 
 
@@ -119,7 +122,10 @@ def smem_bytes(cfg, head_dim: int, in_bytes: int = 2) -> int:
 def candidates(head_dim: int, ws: bool = False) -> list:
     """(BLOCK_M, BLOCK_N, num_warps, stages) to time at this head size (K and V rings of ``stages``
     tiles each); with ``ws`` the warp-specialised kernel's (BLOCK_M / 64 consumer warpgroups)."""
-    return list((CANDIDATES_WS if ws else CANDIDATES)[head_dim])
+    cands = (CANDIDATES_WS if ws else CANDIDATES)[head_dim]
+    if ws == "pp":  # the ping-pong is between two consumer warpgroups
+        cands = [c for c in cands if c[0] == 128]
+    return list(cands)
 
 
 @functools.lru_cache(maxsize=None)
@@ -151,6 +157,16 @@ WS_PRODUCER_REGS = 40
 # the 8-bit kernel's consumers hold one more accumulator (fp8 P·V's per-block sums)
 WS8_CONSUMER_REGS = 240
 WS8_PRODUCER_REGS = 24
+# three consumer warpgroups (BLOCK_M 192, exact at head 64, as FlashAttention-3 runs head 64): 416 threads share
+# the SM's 64 K registers: 160 a worker consumer thread and 24 for the producer warp (no spills; 152 and 168
+# spill)
+WS3_CONSUMER_REGS = 160
+WS3_PRODUCER_REGS = 24
+
+
+def ws_regs(block_m: int):
+    """(consumer, producer) setmaxnreg requests of the exact warp-specialised kernel at this BLOCK_M."""
+    return (WS3_CONSUMER_REGS, WS3_PRODUCER_REGS) if block_m == 192 else (WS_CONSUMER_REGS, WS_PRODUCER_REGS)
 
 
 def _build():
@@ -429,7 +445,10 @@ def _build():
     def _ws_run(cons, prod, NUM_C: gl.constexpr, REGS_C: gl.constexpr, REGS_P: gl.constexpr):
         """The warp-specialised kernels' partitions: NUM_C consumer warpgroups (the first is the default
         partition) on ``cons``, the producer warp on ``prod``, with their setmaxnreg requests."""
-        if NUM_C == 2:
+        if NUM_C == 3:
+            gl.warp_specialize([(_ws_consumer0, cons), (_ws_consumer1, cons), (_ws_consumer2, cons),
+                                (_ws_producer, prod)], [4, 4, 1], [REGS_C, REGS_C, REGS_P])
+        elif NUM_C == 2:
             gl.warp_specialize([(_ws_consumer0, cons), (_ws_consumer1, cons), (_ws_producer, prod)],
                                [4, 1], [REGS_C, REGS_P])
         else:
@@ -678,6 +697,13 @@ def _build():
         _ws_consumer(1, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, QS,
                      KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
 
+    @gluon.jit
+    def _ws_consumer2(O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS, KS,
+                      VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh,
+                      stride_ol):
+        _ws_consumer(2, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, QS,
+                     KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
+
     @gluon.jit(do_not_specialize=["n_dp", "sk_units"])
     def attn_fwd_hopper_ws8(QD, KD, VD, O, QS, KS, VA, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML,
                             q_rb, q_rh, k_rb, k_rh, v_rb, v_rh, v_ch, stride_ob, stride_oh, stride_ol,
@@ -809,7 +835,8 @@ def launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_f
     consts = {"HEAD_D": D, "BLOCK_M": bm, "BLOCK_N": bn, "K_STAGES": ks, "V_STAGES": vs, "num_warps": nw}
     if ws:
         grid, n_dp, units = _ws_grid(tiles, (Lk + bn - 1) // bn, q2.device, light)
-        consts.update(REGS_C=WS_CONSUMER_REGS, REGS_P=WS_PRODUCER_REGS, PINGPONG=ws == "pp")
+        rc, rp = ws_regs(bm)
+        consts.update(REGS_C=rc, REGS_P=rp, PINGPONG=ws == "pp")
         _ws_launch(launch_fn, kernel(ws), grid, n_dp, units, head, tail, o, so, H, Lq, Lk, bm, bn, D, warmup, consts)
     else:
         launch_fn(kernel(ws), (1,) if light else (tiles,), *head, *tail, warmup=warmup, **consts)
@@ -884,7 +911,8 @@ def compile_spec(dtype, head_dim: int, cfg, ws: bool = False):
     consts = {"HEAD_D": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "K_STAGES": stages, "V_STAGES": stages,
               "num_warps": nw}
     if ws:
-        consts.update(REGS_C=WS_CONSUMER_REGS, REGS_P=WS_PRODUCER_REGS, PINGPONG=ws == "pp")
+        rc, rp = ws_regs(bm)
+        consts.update(REGS_C=rc, REGS_P=rp, PINGPONG=ws == "pp")
     for n in consts:
         sig[n] = "constexpr"
     return kernel(ws), sig, consts, {"archs": (90,), "num_warps": nw, "num_stages": 1}
