@@ -181,6 +181,15 @@ def settle(call, max_s: float = 60.0, gemm_ms: float = 1.0):
     return tuning.unsettled()
 
 
+def host_path_counts() -> dict:
+    """The pack's host fast-path counters (kernels/attention.py's replays, kernels/fast_launch.py's direct
+    launches), to difference around a timed round."""
+    from tritonkit.kernels import fast_launch
+    return {"replayed": A.REPLAY_COUNTERS["replayed"], "stored": A.REPLAY_COUNTERS["stored"],
+            "fast_launches": fast_launch.COUNTERS["fast_launches"], "plans": fast_launch.COUNTERS["plans"],
+            "plan_failures": fast_launch.COUNTERS["plan_failures"]}
+
+
 def warm_gpu(seconds):
     """Keeps the GPU busy with bf16 matmuls for ``seconds``, so that the first shape is not timed
     while clocks and power settle."""
@@ -289,8 +298,13 @@ def main():
             torch.cuda.empty_cache()
         for _ in range(max(1, args.rounds)):  # A B C ... A B C ...
             for mname, fn in live.items():
+                before = host_path_counts()
                 row[mname]["ms_rounds"].append(triton.testing.do_bench(lambda: fn(q, k, v), warmup=args.warmup,
                                                                                 rep=args.rep))
+                # per round, how the calls went: replayed (the host fast path) or full, direct launches; a round
+                # far slower than its neighbours with few replays was host-bound, not a slower kernel
+                row[mname].setdefault("host_rounds", []).append(
+                    {n: c - before[n] for n, c in host_path_counts().items()})
         for mname in live:
             ms = row[mname]["ms_rounds"]
             row[mname].update(ms=statistics.median(ms), tflops=flops / statistics.median(ms) / 1e9,
