@@ -1347,8 +1347,7 @@ if not op_exists("attention"):
     except Exception as e:  # noqa: BLE001 - a torch without custom ops: compiled graphs trace the implementation
         calibration.log_once("op-define", f"TritonKit: the attention op could not be defined ({type(e).__name__}: "
                              f"{e}); torch.compile traces its implementation instead")
-_attention_op = getattr(getattr(torch.ops, OP_NAMESPACE), "attention").default if op_exists("attention") \
-    else _op_impl
+_attention_op = torch.ops.tritonkit.attention.default if op_exists("attention") else _op_impl
 
 
 def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bld", out_layout: str | None = None,

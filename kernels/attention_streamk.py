@@ -72,18 +72,10 @@ def _table(n_dp: int, units: int, n_blocks: int, grid: int):
     return tab
 
 
-_DEVICE_TABLES: dict = {}
-
-
+@functools.lru_cache(maxsize=256)
 def table(n_dp: int, units: int, n_blocks: int, grid: int, device) -> torch.Tensor:
-    """:func:`_table` on ``device``, kept per shape class (one host-to-device copy each)."""
-    key = (n_dp, units, n_blocks, grid, str(device))
-    t = _DEVICE_TABLES.get(key)
-    if t is None:
-        if len(_DEVICE_TABLES) > 256:
-            _DEVICE_TABLES.clear()
-        t = _DEVICE_TABLES[key] = _table(n_dp, units, n_blocks, grid).to(device)
-    return t
+    """:func:`_table` on ``device`` (a ``torch.device``), kept per shape class: one host-to-device copy each."""
+    return _table(n_dp, units, n_blocks, grid).to(device)
 
 
 def workspace(grid: int, block_m: int, head_dim: int, device):

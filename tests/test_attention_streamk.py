@@ -37,6 +37,9 @@ def test_the_schedule_covers_each_tail_block_once(n_tiles, n_blocks, grid):
         assert sorted(listed) == sorted(s for p in range(grid) for t, _, _, s in SK.segments(p, n_dp, units,
                                                                                              n_blocks, grid)
                                         if t == n_dp + i)
+    dev = torch.device("cpu")  # the launch's copy: the same slots, one copy per shape class
+    assert torch.equal(SK.table(n_dp, units, n_blocks, grid, dev), tab)
+    assert SK.table(n_dp, units, n_blocks, grid, dev) is SK.table(n_dp, units, n_blocks, grid, dev)
 
 
 @pytest.mark.parametrize("n_tiles,n_blocks,grid", [(792, 36, 132), (640, 32, 132), (20, 4, 132), (140, 36, 132)])
