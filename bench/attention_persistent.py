@@ -4,8 +4,8 @@ module switches):
 
 * ``--ab persistent``: persistent (at most a program an SM, each taking every grid-th tile) against a program
   a tile (``PERSISTENT``), stream-K off in both;
-* ``--ab streamk``: persistent with stream-K for the last wave (kernels/attention_streamk.py, opt-in; where its
-  schedule takes it) against persistent without (``STREAM_K``).
+* ``--ab streamk``: persistent with stream-K for the last wave (kernels/attention_streamk.py, the default; where
+  its schedule takes it) against persistent without (``STREAM_K``).
 
 ms a call, median (min-max) over the rounds, × cuDNN, each form's B ÷ A ratio round by round, and the cosine
 (global / worst row) against an fp32 SDPA reference (shapes up to 16k tokens). The thirty-sixth session's A/Bs
