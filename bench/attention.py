@@ -32,6 +32,7 @@ import json
 import math
 import statistics
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -183,11 +184,16 @@ def settle(call, max_s: float = 60.0, gemm_ms: float = 1.0):
 
 def host_path_counts() -> dict:
     """The pack's host fast-path counters (kernels/attention.py's replays, kernels/fast_launch.py's direct
-    launches), to difference around a timed round."""
+    launches), to difference around a timed round, and the host's CPU time: this thread's (``cpu_ms``, which
+    includes do_bench's spin in its synchronisations: about the round's wall time) and the whole process's
+    (``proc_cpu_ms``, every thread: more than this thread's means another thread, a background compile, ran
+    during the round and shared the GIL with the calls)."""
+    import time
     from tritonkit.kernels import fast_launch
     return {"replayed": A.REPLAY_COUNTERS["replayed"], "stored": A.REPLAY_COUNTERS["stored"],
             "fast_launches": fast_launch.COUNTERS["fast_launches"], "plans": fast_launch.COUNTERS["plans"],
-            "plan_failures": fast_launch.COUNTERS["plan_failures"]}
+            "plan_failures": fast_launch.COUNTERS["plan_failures"], "cpu_ms": time.thread_time() * 1e3,
+            "proc_cpu_ms": time.process_time() * 1e3}
 
 
 def warm_gpu(seconds):
@@ -304,7 +310,8 @@ def main():
                 # per round, how the calls went: replayed (the host fast path) or full, direct launches; a round
                 # far slower than its neighbours with few replays was host-bound, not a slower kernel
                 row[mname].setdefault("host_rounds", []).append(
-                    {n: c - before[n] for n, c in host_path_counts().items()})
+                    {n: round(c - before[n], 3) for n, c in host_path_counts().items()}
+                    | {"threads": sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())})
         for mname in live:
             ms = row[mname]["ms_rounds"]
             row[mname].update(ms=statistics.median(ms), tflops=flops / statistics.median(ms) / 1e9,
