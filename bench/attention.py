@@ -33,6 +33,7 @@ import math
 import statistics
 import sys
 import threading
+import time
 import types
 from pathlib import Path
 
@@ -188,7 +189,6 @@ def host_path_counts() -> dict:
     includes do_bench's spin in its synchronisations: about the round's wall time) and the whole process's
     (``proc_cpu_ms``, every thread: more than this thread's means another thread, a background compile, ran
     during the round and shared the GIL with the calls)."""
-    import time
     from tritonkit.kernels import fast_launch
     return {"replayed": A.REPLAY_COUNTERS["replayed"], "stored": A.REPLAY_COUNTERS["stored"],
             "fast_launches": fast_launch.COUNTERS["fast_launches"], "plans": fast_launch.COUNTERS["plans"],
@@ -307,8 +307,10 @@ def main():
                 before = host_path_counts()
                 row[mname]["ms_rounds"].append(triton.testing.do_bench(lambda: fn(q, k, v), warmup=args.warmup,
                                                                                 rep=args.rep))
-                # per round, how the calls went: replayed (the host fast path) or full, direct launches; a round
-                # far slower than its neighbours with few replays was host-bound, not a slower kernel
+                # per round, how the calls went: replayed (the host fast path) or full, direct launches, and the
+                # host's CPU time. A host-bound round shows calls that were not replayed (new plans, stored
+                # calls) or process CPU time beyond this thread's; fewer calls alone only mean do_bench sized
+                # its repetitions from a slow first estimate
                 row[mname].setdefault("host_rounds", []).append(
                     {n: round(c - before[n], 3) for n, c in host_path_counts().items()}
                     | {"threads": sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())})
