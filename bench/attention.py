@@ -170,7 +170,6 @@ def settle(call, max_s: float = 60.0, gemm_ms: float = 1.0):
     the GPU stays behind the host, so the playoff's events time the GPU's work. (Back to back, the
     8-bit kernel's calls at Flux's shape timed 0.64 ms in the playoff against 0.45 alone on an H100,
     2026-11-26: about 0.4 ms of host time a call, and the GPU idle between the events.)"""
-    import time
     from tritonkit.kernels import tuning
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     reps = max(1, round(gemm_ms / max(C.cuda_timer(lambda: a @ a), 1e-3)))
@@ -199,7 +198,6 @@ def host_path_counts() -> dict:
 def warm_gpu(seconds):
     """Keeps the GPU busy with bf16 matmuls for ``seconds``, so that the first shape is not timed
     while clocks and power settle."""
-    import time
     if seconds <= 0:
         return
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
