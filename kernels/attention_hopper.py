@@ -71,7 +71,8 @@ from . import attention_streamk as SK
 try:  # Gluon's Hopper API (Triton 3.5+); the kernels are defined on first use (_build)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                 warpgroup_mma_wait)
 except Exception:  # noqa: BLE001 - an older Triton, or a build without it: gluon_available() is False
     gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
 
@@ -409,12 +410,12 @@ def _build():
             mbarrier.arrive(turn.index(1 - c))
 
     @gluon.jit
-    def _ws_setup(QD, KD, VD, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  PINGPONG: gl.constexpr):
+    def _ws_setup(QD, KD, VD, OD, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  PINGPONG: gl.constexpr, O_TMA: gl.constexpr):
         """A warp-specialised program's buffers: two Q buffers of a tile a consumer each (this tile's
         and the next one's) with their full barriers and an empty one a buffer, the K / V rings with
-        their full and empty mbarriers (the empty ones released by every consumer), and the
-        ping-pong's turn barriers."""
+        their full and empty mbarriers (the empty ones released by every consumer), the ping-pong's
+        turn barriers, and with O_TMA an output tile a consumer (``OD``'s block, in O's dtype)."""
         NUM_C: gl.constexpr = BLOCK_M // 64
         HEAD_D: gl.constexpr = QD.block_type.shape[1]
         q_smem = gl.allocate_shared_memory(QD.dtype, [2 * NUM_C, 64, HEAD_D], QD.layout)
@@ -439,7 +440,11 @@ def _build():
             mbarrier.init(v_full.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=NUM_C)
             mbarrier.init(v_empty.index(i), count=NUM_C)
-        return q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn
+        if O_TMA:  # a consumer's output tile, stored from here by TMA (_ws_tile)
+            o_smem = gl.allocate_shared_memory(OD.dtype, [NUM_C, 64, HEAD_D], OD.layout)
+        else:
+            o_smem = q_smem  # never used
+        return q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, o_smem
 
     @gluon.jit
     def _ws_run(cons, prod, NUM_C: gl.constexpr, REGS_C: gl.constexpr, REGS_P: gl.constexpr):
@@ -455,19 +460,21 @@ def _build():
             gl.warp_specialize([(_ws_consumer0, cons), (_ws_producer, prod)], [1], [REGS_P])
 
     @gluon.jit(do_not_specialize=["n_dp", "sk_units"])
-    def attn_fwd_hopper_ws(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML,
+    def attn_fwd_hopper_ws(QD, KD, VD, O, OD, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML,
                            q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, stride_ob, stride_oh, stride_ol,
                            HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
-                           REGS_C: gl.constexpr, REGS_P: gl.constexpr, PINGPONG: gl.constexpr):
+                           REGS_C: gl.constexpr, REGS_P: gl.constexpr, PINGPONG: gl.constexpr,
+                           O_TMA: gl.constexpr):
         """Tiles t = program, program + grid, ... < n_dp (persistent where the grid is smaller), then
-        stream-K segments of the last tiles' ``sk_units`` key blocks into the workspace ``WO`` / ``WML``."""
+        stream-K segments of the last tiles' ``sk_units`` key blocks into the workspace ``WO`` / ``WML``.
+        With O_TMA a whole tile's rows are stored through ``OD`` (O as rows of stride_ol elements)."""
         NUM_C: gl.constexpr = BLOCK_M // 64
         STAGES: gl.constexpr = K_STAGES
-        q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn = \
-            _ws_setup(QD, KD, VD, BLOCK_M, BLOCK_N, STAGES, PINGPONG)
-        cons = (O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, O, O, O,
-                qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
+        q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, o_smem = \
+            _ws_setup(QD, KD, VD, OD, BLOCK_M, BLOCK_N, STAGES, PINGPONG, O_TMA)
+        cons = (O, OD, o_smem, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, O,
+                O, O, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
         prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
                 Lq, Lk, H, KV_GROUP, n_dp, sk_units, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, k_rb, k_rh, k_ch)
         _ws_run(cons, prod, NUM_C, REGS_C, REGS_P)
@@ -518,9 +525,17 @@ def _build():
         return v
 
     @gluon.jit
-    def _ws_consumer(c: gl.constexpr, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty,
-                     turn, QS, KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh,
-                     stride_ol):
+    def _store_rows(o_base, acc, r0, Lq, stride_ol, row_o: gl.constexpr, col_o: gl.constexpr):
+        """64 output rows from r0 (those before L_q) from the accumulator's registers."""
+        rows = r0 + gl.arange(0, 64, layout=row_o)
+        offs_d = gl.arange(0, acc.shape[1], layout=col_o)
+        ptrs = o_base + gl.expand_dims(rows.to(gl.int64) * stride_ol, 1) + gl.expand_dims(offs_d, 0)
+        gl.store(ptrs, acc, mask=gl.expand_dims(rows < Lq, 1))
+
+    @gluon.jit
+    def _ws_consumer(c: gl.constexpr, O, OD, o_smem, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full,
+                     k_empty, v_empty, turn, QS, KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML,
+                     stride_ob, stride_oh, stride_ol):
         """Consumer warpgroup ``c`` of a warp-specialised kernel, over the program's tiles (the
         producer's order): its 64 query rows of each over every key block. Exact (16-bit Q / K: scores
         times ``qk_scale``) or 8-bit (int8 Q / K: the int32 scores times Q's row scales from ``QS`` and
@@ -532,20 +547,24 @@ def _build():
             t, j0, n_j, g0, slot = _ws_item(it, n_mine, pid, grid, n_dp, sk_units, n_blocks)
             mb, bh, b, h, hk = _tile(t, n_m, H, KV_GROUP)
             bhk = b * (H // KV_GROUP) + hk
-            o_base = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+            o_off = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
             # the ping-pong turns before it: a key block's, and one more an item
-            _ws_tile(c, O, q_smem, q_bars, q_empty, it % 2, (it // 2) & 1, k_smem, v_smem, k_full, v_full,
-                     k_empty, v_empty, turn, g0, g0 + it, QS, KS, VA, qk_scale, Lq, Lk, j0, n_j, o_base,
+            _ws_tile(c, O, OD, o_smem, q_smem, q_bars, q_empty, it % 2, (it // 2) & 1, k_smem, v_smem, k_full,
+                     v_full, k_empty, v_empty, turn, g0, g0 + it, QS, KS, VA, qk_scale, Lq, Lk, j0, n_j, o_off,
                      mb * BLOCK_M, stride_ol, bh * Lq, bhk * n_blocks, bhk * q_smem.shape[2], slot, WO, WML)
+        if o_smem.shape[0] != q_smem.shape[0]:  # O_TMA: the last tile's store has read its buffer
+            tma.store_wait(0)
 
     @gluon.jit
-    def _ws_tile(c: gl.constexpr, O, q_smem, q_bars, q_empty, qb, q_phase, k_smem, v_smem, k_full, v_full, k_empty,
-                 v_empty, turn, g, kt, QS, KS, VA, qk_scale, Lq, Lk, j0, n_j, o_base, row0, stride_ol, qs_base,
-                 ks_base, va_base, slot, WO, WML):
+    def _ws_tile(c: gl.constexpr, O, OD, o_smem, q_smem, q_bars, q_empty, qb, q_phase, k_smem, v_smem, k_full,
+                 v_full, k_empty, v_empty, turn, g, kt, QS, KS, VA, qk_scale, Lq, Lk, j0, n_j, o_off, row0,
+                 stride_ol, qs_base, ks_base, va_base, slot, WO, WML):
         """One item of consumer ``c``: key blocks j0 .. j0 + n_j - 1 of a tile, Q from buffer ``qb``
         (the other buffer, the item before's, is released on ``q_empty`` as this one begins), the item's
         jj-th key block in ring slot (g + jj) % STAGES, ping-pong turns from ``kt``. A whole tile
-        (``slot`` < 0) is normalised and stored; a stream-K segment's unnormalised output, row max and
+        (``slot`` < 0) is normalised and stored at element ``o_off`` of O (its 64 rows through the
+        consumer's ``o_smem`` buffer and one TMA store where they all lie before L_q and O_TMA is on,
+        else from registers); a stream-K segment's unnormalised output, row max and
         row sum go to workspace slot ``slot`` (``WO``: (slots, BLOCK_M, HEAD_D), ``WML``: (slots, 2,
         BLOCK_M), fp32) for kernels/attention_streamk.py's fixup."""
         INT8: gl.constexpr = q_smem.dtype == gl.int8
@@ -668,14 +687,29 @@ def _build():
             acc = (acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv) * gl.expand_dims(vs, 0)
         else:
             acc = pv
-        offs_d = gl.arange(0, HEAD_D, layout=col_o)
+        O_TMA: gl.constexpr = o_smem.shape[0] != q_smem.shape[0]  # o_smem is q_smem where O_TMA is off
         if slot < 0:
-            acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-            rows = row0 + c * 64 + gl.arange(0, 64, layout=row_o)
-            ptrs = o_base + gl.expand_dims(rows.to(gl.int64) * stride_ol, 1) + gl.expand_dims(offs_d, 0)
-            gl.store(ptrs, acc.to(O.dtype.element_ty), mask=gl.expand_dims(rows < Lq, 1))
+            out = (acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)).to(O.dtype.element_ty)
+            r0 = row0 + c * 64
+            if O_TMA:
+                if r0 + 64 <= Lq:
+                    # a whole 64 rows: through shared memory and one TMA store, which the consumer does not
+                    # wait for (st.global from the accumulator's layout writes half sectors; their issue held
+                    # the consumer about 1 us at the end of a Flux tile). O as OD's rows of stride_ol elements;
+                    # the buffer's store of the item before has read it.
+                    ob = o_smem.index(c)
+                    tma.store_wait(0)
+                    ob.store(out)
+                    fence_async_shared()
+                    tma.async_copy_shared_to_global(OD, [(o_off // stride_ol).to(gl.int32) + r0,
+                                                         (o_off % stride_ol).to(gl.int32)], ob)
+                else:
+                    _store_rows(O + o_off, out, r0, Lq, stride_ol, row_o, col_o)
+            else:
+                _store_rows(O + o_off, out, r0, Lq, stride_ol, row_o, col_o)
         else:  # a stream-K segment: its rows of the tile, every one (the fixup masks past L_q)
             BLOCK_M: gl.constexpr = 64 * NUM_C
+            offs_d = gl.arange(0, HEAD_D, layout=col_o)
             r_o = c * 64 + gl.arange(0, 64, layout=row_o)
             ws = WO + slot.to(gl.int64) * (BLOCK_M * HEAD_D)
             gl.store(ws + gl.expand_dims(r_o * HEAD_D, 1) + gl.expand_dims(offs_d, 0), acc)
@@ -684,40 +718,44 @@ def _build():
             gl.store(WML + slot * (2 * BLOCK_M) + BLOCK_M + r_s, l_i)
 
     @gluon.jit
-    def _ws_consumer0(O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS, KS,
-                      VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh,
-                      stride_ol):
-        _ws_consumer(0, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, QS,
-                     KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
+    def _ws_consumer0(O, OD, o_smem, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
+                      turn, QS, KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob,
+                      stride_oh, stride_ol):
+        _ws_consumer(0, O, OD, o_smem, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty,
+                     turn, QS, KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh,
+                     stride_ol)
 
     @gluon.jit
-    def _ws_consumer1(O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS, KS,
-                      VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh,
-                      stride_ol):
-        _ws_consumer(1, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, QS,
-                     KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
+    def _ws_consumer1(O, OD, o_smem, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
+                      turn, QS, KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob,
+                      stride_oh, stride_ol):
+        _ws_consumer(1, O, OD, o_smem, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty,
+                     turn, QS, KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh,
+                     stride_ol)
 
     @gluon.jit
-    def _ws_consumer2(O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS, KS,
-                      VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh,
-                      stride_ol):
-        _ws_consumer(2, O, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, QS,
-                     KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
+    def _ws_consumer2(O, OD, o_smem, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
+                      turn, QS, KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob,
+                      stride_oh, stride_ol):
+        _ws_consumer(2, O, OD, o_smem, q_smem, q_bars, q_empty, k_smem, v_smem, k_full, v_full, k_empty, v_empty,
+                     turn, QS, KS, VA, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh,
+                     stride_ol)
 
     @gluon.jit(do_not_specialize=["n_dp", "sk_units"])
-    def attn_fwd_hopper_ws8(QD, KD, VD, O, QS, KS, VA, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML,
+    def attn_fwd_hopper_ws8(QD, KD, VD, O, OD, QS, KS, VA, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML,
                             q_rb, q_rh, k_rb, k_rh, v_rb, v_rh, v_ch, stride_ob, stride_oh, stride_ol,
                             HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             STAGES: gl.constexpr, num_warps: gl.constexpr,
-                            REGS_C: gl.constexpr, REGS_P: gl.constexpr, PINGPONG: gl.constexpr):
+                            REGS_C: gl.constexpr, REGS_P: gl.constexpr, PINGPONG: gl.constexpr,
+                            O_TMA: gl.constexpr):
         """QD / KD: the pre-pass's int8 Q (B·H·Lq, D) and K (B·Hk·Lk, D); VD: fp8 Vᵀ (B·Hk·D, L_pad)
         or V's own 2-D view (rows v_rb a batch, v_rh a head, columns v_ch a head); QS (B·H·Lq) the
         row scales, KS (B·Hk, cdiv(Lk, BLOCK_N)) the block scales, VA (B·Hk·D) V's channel max."""
         NUM_C: gl.constexpr = BLOCK_M // 64
-        q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn = \
-            _ws_setup(QD, KD, VD, BLOCK_M, BLOCK_N, STAGES, PINGPONG)
-        cons = (O, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS, KS, VA,
-                1.0, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
+        q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, o_smem = \
+            _ws_setup(QD, KD, VD, OD, BLOCK_M, BLOCK_N, STAGES, PINGPONG, O_TMA)
+        cons = (O, OD, o_smem, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, QS,
+                KS, VA, 1.0, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
         prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
                 Lq, Lk, H, KV_GROUP, n_dp, sk_units, q_rb, q_rh, 0, k_rb, k_rh, 0, v_rb, v_rh, v_ch)
         _ws_run(cons, prod, NUM_C, REGS_C, REGS_P)
@@ -758,6 +796,17 @@ def descriptor(view2d, block):
     """A Gluon TMA descriptor over a 2-D view, ``block`` rows × its width, default swizzle."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     return TensorDescriptor.from_tensor(view2d, list(block), _smem_layout(tuple(block), view2d.dtype))
+
+
+def out_descriptor(o, so, D, dummy):
+    """(descriptor, O_TMA) of the warp-specialised kernels' output: O as rows of ``so[2]`` elements (a
+    contiguous (B, H, L, D) or (B, L, H, D) output), 64 × D tiles; ``(dummy, False)`` where O does not fold
+    into that view (the kernels then store every tile with st.global)."""
+    row = so[2]
+    if (o.is_contiguous() and o.data_ptr() % 16 == 0 and (row * o.element_size()) % 16 == 0
+            and o.numel() % row == 0 and row >= D):
+        return descriptor(o.view(-1, row), (64, D)), True
+    return dummy, False
 
 
 # The warp-specialised kernels' grid: a program an SM at most, each taking every grid-th tile (persistent), so
@@ -830,15 +879,17 @@ def launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_f
     kd = descriptor(k2, (bn, D))
     vd = descriptor(v2, (bn, D))
     tiles = ((Lq + bm - 1) // bm) * B * H
-    head = (qd, kd, vd, o, sm_scale * LOG2E, Lq, Lk, H, H // Hk)
     tail = (q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, so[0], so[1], so[2])
     consts = {"HEAD_D": D, "BLOCK_M": bm, "BLOCK_N": bn, "K_STAGES": ks, "V_STAGES": vs, "num_warps": nw}
     if ws:
+        od, o_tma = out_descriptor(o, so, D, qd)
+        head = (qd, kd, vd, o, od, sm_scale * LOG2E, Lq, Lk, H, H // Hk)
         grid, n_dp, units = _ws_grid(tiles, (Lk + bn - 1) // bn, q2.device, light)
         rc, rp = ws_regs(bm)
-        consts.update(REGS_C=rc, REGS_P=rp, PINGPONG=ws == "pp")
+        consts.update(REGS_C=rc, REGS_P=rp, PINGPONG=ws == "pp", O_TMA=o_tma)
         _ws_launch(launch_fn, kernel(ws), grid, n_dp, units, head, tail, o, so, H, Lq, Lk, bm, bn, D, warmup, consts)
     else:
+        head = (qd, kd, vd, o, sm_scale * LOG2E, Lq, Lk, H, H // Hk)
         launch_fn(kernel(ws), (1,) if light else (tiles,), *head, *tail, warmup=warmup, **consts)
 
 
@@ -862,14 +913,15 @@ def launch8(qi, qs, ki, ks, v_view, vamax, o, so, B, H, Hk, Lq, Lk, D, cfg, laun
         vd = descriptor(v2, (bn, D))
         va = qs  # unused
     grid, n_dp, units = _ws_grid(((Lq + bm - 1) // bm) * B * H, (Lk + bn - 1) // bn, qi.device, light)
+    od, o_tma = out_descriptor(o, so, D, qd)
     consts = {"HEAD_D": D, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "num_warps": 4,
-              "REGS_C": WS8_CONSUMER_REGS, "REGS_P": WS8_PRODUCER_REGS, "PINGPONG": bool(pp)}
-    _ws_launch(launch_fn, kernel(int8=True), grid, n_dp, units, (qd, kd, vd, o, qs, ks, va, Lq, Lk, H, H // Hk),
+              "REGS_C": WS8_CONSUMER_REGS, "REGS_P": WS8_PRODUCER_REGS, "PINGPONG": bool(pp), "O_TMA": o_tma}
+    _ws_launch(launch_fn, kernel(int8=True), grid, n_dp, units, (qd, kd, vd, o, od, qs, ks, va, Lq, Lk, H, H // Hk),
                (H * Lq, Lq, Hk * Lk, Lk, v_rb, v_rh, v_ch, so[0], so[1], so[2]), o, so, H, Lq, Lk, bm, bn, D, warmup,
                consts)
 
 
-def compile_spec8(dtype, head_dim: int, cfg, fp8_pv: bool = True, pp: bool = False):
+def compile_spec8(dtype, head_dim: int, cfg, fp8_pv: bool = True, pp: bool = False, o_tma: bool = True):
     """compile_spec's counterpart for the 8-bit kernel."""
     bm, bn, _, stages = cfg
     ty = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
@@ -879,18 +931,18 @@ def compile_spec8(dtype, head_dim: int, cfg, fp8_pv: bool = True, pp: bool = Fal
 
     vd = desc("fp8e4nv", torch.float8_e4m3fn, (head_dim, bn)) if fp8_pv else desc(ty, dtype, (bn, head_dim))
     sig = {"QD": desc("i8", torch.int8, (64, head_dim)), "KD": desc("i8", torch.int8, (bn, head_dim)), "VD": vd,
-           "O": f"*{ty}", "QS": "*fp32", "KS": "*fp32", "VA": "*fp32"}
+           "O": f"*{ty}", "OD": desc(ty, dtype, (64, head_dim)), "QS": "*fp32", "KS": "*fp32", "VA": "*fp32"}
     for n in ("Lq", "Lk", "H", "KV_GROUP", "n_dp", "sk_units", "WO", "WML", "q_rb", "q_rh", "k_rb", "k_rh", "v_rb",
               "v_rh", "v_ch", "stride_ob", "stride_oh", "stride_ol"):
         sig[n] = "*fp32" if n in ("WO", "WML") else "i32"
     consts = {"HEAD_D": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "num_warps": 4,
-              "REGS_C": WS8_CONSUMER_REGS, "REGS_P": WS8_PRODUCER_REGS, "PINGPONG": bool(pp)}
+              "REGS_C": WS8_CONSUMER_REGS, "REGS_P": WS8_PRODUCER_REGS, "PINGPONG": bool(pp), "O_TMA": o_tma}
     for n in consts:
         sig[n] = "constexpr"
     return kernel(int8=True), sig, consts, {"archs": (90,), "num_warps": 4, "num_stages": 1}
 
 
-def compile_spec(dtype, head_dim: int, cfg, ws: bool = False):
+def compile_spec(dtype, head_dim: int, cfg, ws: bool = False, o_tma: bool = True):
     """(kernel, signature, constexprs, options) to compile this kernel for sm90 without a GPU
     (``triton.compile(GluonASTSource(...), target=GPUTarget("cuda", 90, 32))``; tests)."""
     from triton.experimental.gluon import language as gl
@@ -904,7 +956,10 @@ def compile_spec(dtype, head_dim: int, cfg, ws: bool = False):
 
     if ws:
         nw = 4
-    sig = {"QD": desc(64 if ws else bm), "KD": desc(bn), "VD": desc(bn), "O": f"*{ty}", "qk_scale": "fp32"}
+    sig = {"QD": desc(64 if ws else bm), "KD": desc(bn), "VD": desc(bn), "O": f"*{ty}"}
+    if ws:
+        sig["OD"] = desc(64)
+    sig["qk_scale"] = "fp32"
     tail = ("q_rb", "q_rh", "q_ch", "k_rb", "k_rh", "k_ch", "stride_ob", "stride_oh", "stride_ol")
     for n in ("Lq", "Lk", "H", "KV_GROUP") + (("n_dp", "sk_units", "WO", "WML") if ws else ()) + tail:
         sig[n] = "*fp32" if n in ("WO", "WML") else "i32"
@@ -912,7 +967,7 @@ def compile_spec(dtype, head_dim: int, cfg, ws: bool = False):
               "num_warps": nw}
     if ws:
         rc, rp = ws_regs(bm)
-        consts.update(REGS_C=rc, REGS_P=rp, PINGPONG=ws == "pp")
+        consts.update(REGS_C=rc, REGS_P=rp, PINGPONG=ws == "pp", O_TMA=o_tma)
     for n in consts:
         sig[n] = "constexpr"
     return kernel(ws), sig, consts, {"archs": (90,), "num_warps": nw, "num_stages": 1}

@@ -19,11 +19,12 @@ needs_gluon = pytest.mark.skipif("not __import__('tritonkit.kernels.attention_ho
                                  reason="this Triton has no Gluon Hopper API (Triton < 3.5)")
 
 
-def _compile(dtype, head, cfg, ws=False):
+def _compile(dtype, head, cfg, ws=False, o_tma=True):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    kernel, sig, consts, opts = AH.compile_spec(dtype, head, cfg, ws)
+    kernel, sig, consts, opts = AH.compile_spec(dtype, head, cfg, ws, o_tma=o_tma) if ws else \
+        AH.compile_spec(dtype, head, cfg, ws)
     return triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": opts["num_warps"], "num_stages": opts["num_stages"]})
 
@@ -46,13 +47,14 @@ def test_every_candidate_compiles_for_sm90_with_the_overlap(head, ws):
             assert spills in (None, 0), (head, cfg, spills)
             if ws:  # consumers release K / V slots to the producer warp, registers moved to them
                 assert "mbarrier.arrive" in ptx and "setmaxnreg" in ptx, (head, cfg)
+                assert TMA_STORE in ptx and "stmatrix" in ptx, (head, cfg)  # whole 64 rows stored by TMA
 
 
-def _compile8(dtype, head, cfg, fp8_pv):
+def _compile8(dtype, head, cfg, fp8_pv, o_tma=True):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    kernel, sig, consts, opts = AH.compile_spec8(dtype, head, cfg, fp8_pv)
+    kernel, sig, consts, opts = AH.compile_spec8(dtype, head, cfg, fp8_pv, o_tma=o_tma)
     return triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": opts["num_warps"], "num_stages": opts["num_stages"]})
 
@@ -81,6 +83,29 @@ def test_every_8bit_candidate_compiles_for_sm90(head, fp8_pv):
             # (_fp8x4; carried over the loop as bytes, P took 192 prmt in the PTX)
             assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and ptx.count("prmt.b32") == half.count("prmt.b32"), \
                 (head, cfg, ptx.count("prmt.b32"))
+        assert TMA_STORE in ptx, (head, cfg)
+
+
+# the TMA store of an output tile (the warp-specialised kernels' epilogue, where O folds into a 2-D view)
+TMA_STORE = "cp.async.bulk.tensor.2d.global.shared::cta"
+
+
+@needs_gluon
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_epilogue_without_tma_compiles_without_spills(int8):
+    """O_TMA off (an ``out`` that does not fold into rows of one stride): every tile stored from the
+    accumulator's registers, as before the TMA store, with no shared buffer for it and no spills."""
+    for head in AH.HEADS:
+        if int8:
+            cfg = AH.candidates8(head, True)[0]
+            k, on = _compile8(torch.bfloat16, head, cfg, True, o_tma=False), _compile8(torch.bfloat16, head, cfg, True)
+        else:
+            cfg = AH.candidates(head, True)[0]
+            k, on = _compile(torch.bfloat16, head, cfg, True, o_tma=False), _compile(torch.bfloat16, head, cfg, True)
+        assert TMA_STORE not in k.asm["ptx"] and "st.global" in k.asm["ptx"], (head, cfg)
+        assert spill_bytes(k, 90) in (None, 0), (head, cfg)
+        # the output buffer: 64 rows × head a consumer warpgroup, in O's dtype
+        assert on.metadata.shared - k.metadata.shared >= cfg[0] * head * 2, (head, cfg)
 
 
 def test_eligibility():
