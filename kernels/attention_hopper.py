@@ -200,6 +200,12 @@ def _build():
         return p, alpha, m_new, l_i
 
     @gluon.jit
+    def _after_issue(x):
+        """``x``, through a move the compiler keeps after the MMAs issued before it (asm with side
+        effects is not reordered with the MMAs' own): what is computed from it stays after them."""
+        return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _int_scores(s):
         """int32 scores (|s| < 2^22: int8 Q·K over up to 256 channels) as fp32 s + 1.5·2^23, exactly:
         one integer add and the bits read as a float, instead of the I2F conversion. The offset
@@ -637,7 +643,8 @@ def _build():
                 mbarrier.arrive(v_empty.index((g + jj - 1) % STAGES))
                 # one key block's products summed by the MMA, the blocks in fp32 registers (the fp8 MMA's
                 # accumulator keeps fewer mantissa bits: summing every block in it failed the accuracy
-                # goal at 32760 keys with outlier channels)
+                # goal at 32760 keys with outlier channels). (Here, not beside the next Q·Kᵀ as in the 16-bit
+                # forms: P·V's block held across that issue spilled 688 bytes at head 128.)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv
                 alpha_prev = alpha
                 p_op = _p_operand(p, v_smem.dtype, p_layout)
@@ -658,9 +665,12 @@ def _build():
                 st = (g + jj) % STAGES
                 pst = (g + jj - 1) % STAGES
                 mbarrier.wait(k_full.index(st), ((g + jj) // STAGES) & 1)
-                mbarrier.wait(v_full.index(pst), ((g + jj - 1) // STAGES) & 1)
                 _my_turn(turn, c, kt + jj)
                 s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                # the blocks before j-1 (at block j-2's max) rescaled to block j-1's while this Q·Kᵀ runs, not
+                # between the softmax and the next issue (FlashAttention-3's order); then block j-1's P·V
+                acc = acc * gl.expand_dims(_after_issue(gl.convert_layout(alpha, row_o)), 1)
+                mbarrier.wait(v_full.index(pst), ((g + jj - 1) // STAGES) & 1)
                 o_tok = warpgroup_mma(p_op, _v_operand(v_smem, pst), acc, is_async=True)
                 _pass_turn(turn, c)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
@@ -671,14 +681,13 @@ def _build():
                                                   P_LOG2, True, INT_OFF)
                 else:
                     p, alpha, m_i, l_i = _softmax(s, j0 + jj, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
-                pv = warpgroup_mma_wait(0, deps=(o_tok,))
+                acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(pst))
-                # blocks < j at block j-1's max (the MMA added block j-1); then rescaled to block j's
-                acc = pv * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p_op = _p_operand(p, v_smem.dtype, p_layout)
             lst = (g + n_j - 1) % STAGES
             mbarrier.wait(v_full.index(lst), ((g + n_j - 1) // STAGES) & 1)
             _my_turn(turn, c, kt + n_j)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             o_tok = warpgroup_mma(p_op, _v_operand(v_smem, lst), acc, is_async=True)
             _pass_turn(turn, c)
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
