@@ -91,6 +91,28 @@ TMA_STORE = "cp.async.bulk.tensor.2d.global.shared::cta"
 
 
 @needs_gluon
+def test_the_output_folds_into_rows_of_one_stride_or_is_stored_without_tma():
+    """out_descriptor: O as rows of stride_ol elements for both layouts the kernels write (a tile's row
+    and column are its element offset's quotient and remainder by stride_ol, as _ws_consumer computes
+    them); any other output gets the dummy and O_TMA off."""
+    B, H, L, D = 2, 3, 100, 64
+    o = torch.empty(B, H, L, D, dtype=torch.bfloat16)  # (B, H, L, D)
+    od, on = AH.out_descriptor(o, o.stride()[:3], D, "dummy")
+    assert on and list(od.shape) == [B * H * L, D] and list(od.block_shape) == [64, D]
+    o = torch.empty(B, L, H * D, dtype=torch.bfloat16)  # (B, L, H·D), ComfyUI's
+    ov = o.view(B, L, H, D)
+    so = (ov.stride(0), ov.stride(2), ov.stride(1))
+    od, on = AH.out_descriptor(o, so, D, "dummy")
+    assert on and list(od.shape) == [B * L, H * D]
+    off = 1 * so[0] + 2 * so[1]  # batch 1, head 2: its rows from B·L row L, its columns from 2·D
+    assert (off // so[2], off % so[2]) == (L, 2 * D)
+    t = torch.empty(B, L, H, D, dtype=torch.bfloat16).transpose(1, 2)  # an `out` of another layout
+    assert AH.out_descriptor(t, t.stride()[:3], D, "dummy") == ("dummy", False)
+    t = torch.empty(B, H, L, D + 8, dtype=torch.bfloat16)[..., :D]  # rows with a gap
+    assert AH.out_descriptor(t, t.stride()[:3], D, "dummy") == ("dummy", False)
+
+
+@needs_gluon
 @pytest.mark.parametrize("int8", [False, True])
 def test_the_epilogue_without_tma_compiles_without_spills(int8):
     """O_TMA off (an ``out`` that does not fold into rows of one stride): every tile stored from the
