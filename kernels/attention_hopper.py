@@ -22,7 +22,11 @@ FlashAttention-3 builds by hand can be written out. Three forms, each a variant 
   has read a slot; BLOCK_M / 64 consumer warpgroups (two at BLOCK_M 128, one Q tile each) run the
   loop above on "full" mbarriers with no CTA-wide barrier, so they drift apart and one's softmax
   overlaps the other's MMAs. ``setmaxnreg`` moves registers from the producer (40) to the
-  consumers (232).
+  consumers (232). Each consumer rescales its accumulator after issuing the next Q·Kᵀ, while the
+  tensor cores run it, not between the softmax and that issue (FlashAttention-3's order; 1-6 % at
+  head 128 on an H100 and an H200, BENCHMARKS.md, thirty-ninth session), and stores a tile's 64 rows
+  through a shared-memory buffer and one TMA store that it does not wait for (st.global from the
+  accumulator's registers held it about 1 µs at the end of a Flux tile).
 * The same with ``PINGPONG`` (GLUON_PP): the two consumers take turns issuing their MMAs (two more
   mbarriers), FlashAttention-3's schedule, instead of leaving the overlap to the warp scheduler.
 
