@@ -78,7 +78,7 @@ try:  # Gluon's Hopper API (Triton 3.5+); the kernels are defined on first use (
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                  warpgroup_mma_wait)
 except Exception:  # noqa: BLE001 - an older Triton, or a build without it: gluon_available() is False
-    gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
+    gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
 
 LOG2E = 1.4426950408889634
 HEADS = (64, 128)
