@@ -23,8 +23,7 @@ def _compile(dtype, head, cfg, ws=False, o_tma=True):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    kernel, sig, consts, opts = AH.compile_spec(dtype, head, cfg, ws, o_tma=o_tma) if ws else \
-        AH.compile_spec(dtype, head, cfg, ws)
+    kernel, sig, consts, opts = AH.compile_spec(dtype, head, cfg, ws, o_tma=o_tma)
     return triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": opts["num_warps"], "num_stages": opts["num_stages"]})
 
