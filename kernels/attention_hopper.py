@@ -185,8 +185,22 @@ def _build():
         tma.async_copy_global_to_shared(desc, [row, col], bar, smem.index(stage), pred=pred)
 
     @gluon.jit
+    def _row_max(s):
+        """The rows' max as a tree: the two halves of a thread's columns compared, then the halves of
+        that, down to 8 columns (the MMA layout's lanes hold bits 1-2 of a column) for gl.max's
+        shuffles. gl.max alone compares a thread's 2·N/8 values in one chain (N/4 - 1 dependent
+        FMNMX)."""
+        M: gl.constexpr = s.shape[0]
+        N: gl.constexpr = s.shape[1]
+        x = s
+        for i in gl.static_range(N.bit_length() - 4):
+            x = gl.max(gl.reshape(x, [M, 2, N >> (i + 1)]), 1)
+        return gl.convert_layout(gl.max(x, 1), gl.SliceLayout(1, s.type.layout), assert_trivial=True)
+
+    @gluon.jit
     def _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
-                 P_LOG2: gl.constexpr = 0.0, ROW_SCALE: gl.constexpr = False, S_OFF: gl.constexpr = 0.0):
+                 P_LOG2: gl.constexpr = 0.0, ROW_SCALE: gl.constexpr = False, S_OFF: gl.constexpr = 0.0,
+                 TREE: gl.constexpr = False):
         """Block j's online softmax: P = 2^((s - S_OFF)·qk_scale - m) · 2^P_LOG2 (a factor the fp8 P·V
         wants, for free in the exponent; the row sums ``l_i`` carry it too), the rescale factor
         ``alpha`` of the blocks before, the new row max and sums. ``qk_scale``: a scalar, or with
@@ -194,7 +208,11 @@ def _build():
         if (j + 1) * BLOCK_N > Lk:  # the last key block, past L_kv: those scores -inf
             offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             s = gl.where(gl.expand_dims(offs_n < Lk, 0), s, float("-inf"))
-        m_new = gl.maximum(m_i, (gl.max(s, 1) - S_OFF) * qk_scale)
+        if TREE:  # (the fp8 P·V form: 1-4 % faster at Flux and HunyuanVideo; the other forms were not)
+            s_max = _row_max(s)
+        else:
+            s_max = gl.max(s, 1)
+        m_new = gl.maximum(m_i, (s_max - S_OFF) * qk_scale)
         alpha = gl.exp2(m_i - m_new)
         if ROW_SCALE:  # one scale a row (8-bit), folded into the FMA below
             p = gl.exp2(s * gl.expand_dims(qk_scale, 1) - gl.expand_dims(m_new + S_OFF * qk_scale - P_LOG2, 1))
@@ -211,10 +229,13 @@ def _build():
 
     @gluon.jit
     def _int_scores(s):
-        """int32 scores (|s| < 2^22: int8 Q·K over up to 256 channels) as fp32 s + 1.5·2^23, exactly:
-        one integer add and the bits read as a float, instead of the I2F conversion. The offset
-        (INT_OFF) is taken out per row in the softmax's FMA."""
-        return (s + 0x4B400000).to(gl.float32, bitcast=True)
+        """The int8 Q·K's int32 scores as fp32 s + 1.5·2^23, exactly, by no instruction: the MMA adds
+        them to an accumulator that starts at 0x4B400000, 1.5·2^23's bits (``_ws_tile``), and
+        |Q·K| < 2^22 (int8 of at most 127 over up to 256 channels) keeps the sum a float of that binade
+        whose last bits are the score. The offset (INT_OFF) is taken out per row in the softmax's FMA.
+        (An integer add a score after the MMA put 64 instructions a thread between the Q·Kᵀ wait and the
+        row max; I2F costs more.)"""
+        return s.to(gl.float32, bitcast=True)
 
     @gluon.jit
     def attn_fwd_hopper(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP,
@@ -595,7 +616,11 @@ def _build():
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
         q = q_smem.index(qb * NUM_C + c)
-        s_zero = gl.zeros([64, BLOCK_N], gl.int32 if INT8 else gl.float32, s_layout)
+        # the Q·K accumulator's start: none (exact, use_acc=False), or the offset _int_scores reads (8-bit)
+        if INT8:
+            s_zero = gl.full([64, BLOCK_N], 0x4B400000, gl.int32, s_layout)
+        else:
+            s_zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
         o_zero = gl.zeros([64, HEAD_D], gl.float32, o_layout)
         if INT8:
             offs_m = row0 + c * 64 + gl.arange(0, 64, layout=row_s)
@@ -610,13 +635,13 @@ def _build():
         st0 = g % STAGES
         mbarrier.wait(k_full.index(st0), (g // STAGES) & 1)
         _my_turn(turn, c, kt)
-        s_tok = warpgroup_mma(q, k_smem.index(st0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q, k_smem.index(st0).permute((1, 0)), s_zero, use_acc=INT8, is_async=True)
         _pass_turn(turn, c)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(st0))
         if INT8:
             p, alpha, m_i, l_i = _softmax(_int_scores(s), j0, m_i, l_i, qsc * gl.load(KS + ks_base + j0), Lk,
-                                          BLOCK_N, s_layout, P_LOG2, True, INT_OFF)
+                                          BLOCK_N, s_layout, P_LOG2, True, INT_OFF, FP8)
         else:
             p, alpha, m_i, l_i = _softmax(s, j0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
         if FP8:
@@ -630,7 +655,7 @@ def _build():
             mbarrier.wait(k_full.index((g + 1) % STAGES), ((g + 1) // STAGES) & 1, pred=n_j > 1)
             mbarrier.wait(v_full.index(st0), (g // STAGES) & 1)
             _my_turn(turn, c, kt + 1)
-            s_tok = warpgroup_mma(q, k_smem.index((g + 1) % STAGES).permute((1, 0)), s_zero, use_acc=False,
+            s_tok = warpgroup_mma(q, k_smem.index((g + 1) % STAGES).permute((1, 0)), s_zero, use_acc=INT8,
                                   is_async=True)
             o_tok = warpgroup_mma(p_op, _v_operand(v_smem, st0), o_zero, use_acc=False, is_async=True)
             _pass_turn(turn, c)
@@ -642,7 +667,7 @@ def _build():
                 st = (g + jj) % STAGES
                 mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(_int_scores(s), j0 + jj, m_i, l_i, qsc * gl.load(KS + ks_base + j0 + jj),
-                                              Lk, BLOCK_N, s_layout, P_LOG2, True, INT_OFF)
+                                              Lk, BLOCK_N, s_layout, P_LOG2, True, INT_OFF, True)
                 pv = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index((g + jj - 1) % STAGES))
                 # one key block's products summed by the MMA, the blocks in fp32 registers (the fp8 MMA's
@@ -656,7 +681,7 @@ def _build():
                 mbarrier.wait(k_full.index(nst), ((g + jj + 1) // STAGES) & 1, pred=jj + 1 < n_j)
                 mbarrier.wait(v_full.index(st), ((g + jj) // STAGES) & 1)
                 _my_turn(turn, c, kt + jj + 1)
-                s_tok = warpgroup_mma(q, k_smem.index(nst).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s_tok = warpgroup_mma(q, k_smem.index(nst).permute((1, 0)), s_zero, use_acc=INT8, is_async=True)
                 o_tok = warpgroup_mma(p_op, _v_operand(v_smem, st), o_zero, use_acc=False, is_async=True)
                 _pass_turn(turn, c)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
@@ -670,7 +695,7 @@ def _build():
                 pst = (g + jj - 1) % STAGES
                 mbarrier.wait(k_full.index(st), ((g + jj) // STAGES) & 1)
                 _my_turn(turn, c, kt + jj)
-                s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=INT8, is_async=True)
                 # the blocks before j-1 (at block j-2's max) rescaled to block j-1's while this Q·Kᵀ runs, not
                 # between the softmax and the next issue (FlashAttention-3's order); then block j-1's P·V
                 acc = acc * gl.expand_dims(_after_issue(gl.convert_layout(alpha, row_o)), 1)
