@@ -180,13 +180,6 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
     # fp8 P·V takes P × 448 (e4m3's range): the factor comes free in the exponent, and the row sums
     # l_i carry it too
     P_LOG2: tl.constexpr = 8.807354922057604 if PV_MODE == 1 else 0.0
-    # int8 Q·K accumulates onto 0x4B400000 (1.5·2^23's bits): |Q·K| < 2^22 keeps the int32 sum the bits of
-    # the fp32 1.5·2^23 + Q·K, read as a float with no conversion (I2FP a score before, at a quarter of
-    # the FMA rate); the offset INT_OFF is taken out per row. mma.sync reads its accumulator from other
-    # registers than it writes, so the constant costs no moves.
-    INT_OFF: tl.constexpr = 12582912.0
-    if INT8:
-        qk_init = tl.full([BLOCK_M, BLOCK_N], 0x4B400000, tl.int32)
 
     if IS_CAUSAL:
         hi = tl.minimum(Lk, (start_m + 1) * BLOCK_M)
@@ -215,7 +208,7 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                     k = tl.load(k_ptrs, mask=n_ok[:, None], other=0)
                 else:
                     k = tl.load(k_ptrs)
-                qk = tl.dot(q, tl.trans(k), qk_init, out_dtype=tl.int32).to(tl.float32, bitcast=True)
+                qk = tl.dot(q, tl.trans(k)).to(tl.float32)
                 ks = tl.load(KS_base + start_n // BLOCK_N)
                 c = qc * ks
                 c2 = c[:, None]
@@ -235,10 +228,7 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                 c = qc
                 c2 = qc
             if MASK_KIND != 0 or stage == 1:
-                if INT8:
-                    s = qk * c2 - (INT_OFF * c)[:, None]
-                else:
-                    s = qk * c2
+                s = qk * c2
                 if MASK_KIND != 0:
                     m_ptrs = Mask_base + offs_m_o[:, None] * stride_mm + cols_o[None, :] * stride_mn
                     if MASK_KIND == 1:
@@ -256,10 +246,6 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                 m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
                 p = tl.math.exp2(s - (m_safe - P_LOG2)[:, None])
                 alpha = tl.math.exp2(m_i - m_safe)
-            elif INT8:
-                m_ij = tl.maximum(m_i, (tl.max(qk, 1) - INT_OFF) * c)
-                p = tl.math.exp2(qk * c2 - (m_ij + INT_OFF * c - P_LOG2)[:, None])
-                alpha = tl.math.exp2(m_i - m_ij)
             else:
                 m_ij = tl.maximum(m_i, tl.max(qk, 1) * c)
                 p = tl.math.exp2(qk * c2 - (m_ij - P_LOG2)[:, None])
