@@ -68,6 +68,10 @@ def test_every_8bit_candidate_compiles_for_sm90(head, fp8_pv):
         assert len(k.asm["cubin"]) > 0 and "setmaxnreg" in ptx, (head, cfg)
         assert ".s32.s8.s8" in ptx, (head, cfg)  # int8 Q·K on the tensor cores
         assert ("e4m3.e4m3" in ptx) == fp8_pv, (head, cfg)
+        # the int32 scores read as floats by no instruction: Q·K accumulates onto 0x4B400000 (_int_scores),
+        # not added to it a score afterwards (256 add.s32 before, BENCHMARKS.md, fortieth session)
+        offset = [ln for ln in ptx.splitlines() if "1262485504" in ln]
+        assert offset and not any("add." in ln for ln in offset), (head, cfg, offset[:4])
         assert "wgmma.wait_group.sync.aligned 1;" in ptx and "cp.async.bulk.tensor" in ptx, (head, cfg)
         assert k.metadata.shared <= A._SMEM["sm90"], (head, cfg, k.metadata.shared)
         spills = spill_bytes(k, 90)
@@ -83,6 +87,21 @@ def test_every_8bit_candidate_compiles_for_sm90(head, fp8_pv):
             assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and ptx.count("prmt.b32") == half.count("prmt.b32"), \
                 (head, cfg, ptx.count("prmt.b32"))
         assert TMA_STORE in ptx, (head, cfg)
+
+
+def test_int8_scores_on_the_offset_are_exact_floats():
+    """_int_scores' arithmetic: int8 Q·K over up to 256 channels (values within ±127, as the pre-pass
+    quantises them) accumulated onto 0x4B400000 is, read as fp32, 1.5·2^23 plus the score, exactly, at
+    the bound and inside it."""
+    bound = 127 * 127 * 256
+    assert bound < 2 ** 22
+    s = torch.randint(-bound, bound + 1, (1 << 16,), dtype=torch.int64)
+    s[:4] = torch.tensor([-bound, bound, 0, -1])
+    q = torch.randint(-127, 128, (64, 256), dtype=torch.int64)
+    k = torch.randint(-127, 128, (256, 64), dtype=torch.int64)
+    s = torch.cat([s, (q @ k).flatten(), (torch.full((1, 256), 127) @ torch.full((256, 1), -127)).flatten()])
+    bits = (s + 0x4B400000).to(torch.int32)
+    assert torch.equal(bits.view(torch.float32).double(), 12582912.0 + s.double())
 
 
 # the TMA store of an output tile (the warp-specialised kernels' epilogue, where O folds into a 2-D view)
