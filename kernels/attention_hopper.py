@@ -31,16 +31,16 @@ FlashAttention-3 builds by hand can be written out. Three forms, each a variant 
   mbarriers), FlashAttention-3's schedule, instead of leaving the overlap to the warp scheduler.
 
 * ``attn_fwd_hopper_ws8`` (8-bit mode's ``G8_HALF`` / ``G8_FP8``): the warp-specialised schedule over
-  kernels/attention.py's 8-bit pre-pass: int8 Q·K on the tensor cores (s32 accumulation, rescaled by
-  Q's row and K's block scales), P·V in the input dtype or in fp8 e4m3 (P × 448 against the
-  transposed, per-channel-scaled fp8 V copy, each key block summed by the MMA and the blocks in fp32
-  registers) — the Triton 8-bit kernel's arithmetic, so the same accuracy. The softmax is this
-  kernel's limit, not the MMAs, so its per-score work is cut to a max, one FMA, the exponential and
-  a sum: the int32 scores are floats as the MMA leaves them (it accumulates onto 1.5·2^23's bits,
-  ``_int_scores``), the row's scale goes into the FMA and fp8's × 448 into the exponent. P reaches the fp8 MMA with its keys relabelled
-  instead of shuffled between threads (``_p_operand``; the pre-pass stores Vᵀ in the same order).
-  fp8 P is converted four values a register (``_fp8x4``) in the iteration that issues its MMA, beside
-  the next block's Q·Kᵀ (the fp8 form's loop is rotated for that). Both P·V forms are timed where
+  kernels/attention.py's 8-bit pre-pass: int8 Q·K on the tensor cores (s32 accumulation, rescaled by Q's
+  row and K's block scales), P·V in the input dtype or in fp8 e4m3 (P × 448 against the transposed,
+  per-channel-scaled fp8 V copy, each key block summed by the MMA and the blocks in fp32 registers) —
+  the Triton 8-bit kernel's arithmetic, so the same accuracy. The softmax is this kernel's limit, not
+  the MMAs, so its per-score work is cut to a max, one FMA, the exponential and a sum: the int32 scores
+  are floats as the MMA leaves them (it accumulates onto 1.5·2^23's bits, ``_int_scores``), the row's
+  scale goes into the FMA and fp8's × 448 into the exponent. P reaches the fp8 MMA with its keys
+  relabelled instead of shuffled between threads (``_p_operand``; the pre-pass stores Vᵀ in the same
+  order). fp8 P is converted four values a register (``_fp8x4``) in the iteration that issues its MMA,
+  beside the next block's Q·Kᵀ (the fp8 form's loop is rotated for that). Both P·V forms are timed where
   the call allows them; on an H100 and an H200 fp8 led at 16k-33k keys and trailed at Flux's 4.6k
   (BENCHMARKS.md, twenty-seventh session).
 
