@@ -185,27 +185,25 @@ def _build():
         tma.async_copy_global_to_shared(desc, [row, col], bar, smem.index(stage), pred=pred)
 
     @gluon.jit
-    def _row_max(s):
-        """The rows' max as a tree: the two halves of a thread's columns compared, then the halves of
-        that, down to 8 columns (the MMA layout's lanes hold bits 1-2 of a column) for gl.max's
-        shuffles. gl.max alone compares a thread's 2·N/8 values in one chain (N/4 - 1 dependent
-        FMNMX)."""
+    def _row_tree(s, SUM: gl.constexpr):
+        """The rows' max, or with SUM their sum, as a tree: the two halves of a thread's columns
+        combined, then the halves of that, down to 8 columns (the MMA layout's lanes hold bits 1-2 of a
+        column) for gl.max / gl.sum's shuffles. Those alone combine a thread's 2·N/8 values in one
+        chain (N/4 - 1 dependent FMNMX or FADD)."""
         M: gl.constexpr = s.shape[0]
         N: gl.constexpr = s.shape[1]
         x = s
         for i in gl.static_range(N.bit_length() - 4):
-            x = gl.max(gl.reshape(x, [M, 2, N >> (i + 1)]), 1)
-        return gl.convert_layout(gl.max(x, 1), gl.SliceLayout(1, s.type.layout), assert_trivial=True)
-
-    @gluon.jit
-    def _row_sum(p):
-        """The rows' sum as a tree, as :func:`_row_max` (gl.sum adds a thread's 2·N/8 values in one chain)."""
-        M: gl.constexpr = p.shape[0]
-        N: gl.constexpr = p.shape[1]
-        x = p
-        for i in gl.static_range(N.bit_length() - 4):
-            x = gl.sum(gl.reshape(x, [M, 2, N >> (i + 1)]), 1)
-        return gl.convert_layout(gl.sum(x, 1), gl.SliceLayout(1, p.type.layout), assert_trivial=True)
+            y = gl.reshape(x, [M, 2, N >> (i + 1)])
+            if SUM:
+                x = gl.sum(y, 1)
+            else:
+                x = gl.max(y, 1)
+        if SUM:
+            r = gl.sum(x, 1)
+        else:
+            r = gl.max(x, 1)
+        return gl.convert_layout(r, gl.SliceLayout(1, s.type.layout), assert_trivial=True)
 
     @gluon.jit
     def _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
@@ -219,7 +217,7 @@ def _build():
             offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             s = gl.where(gl.expand_dims(offs_n < Lk, 0), s, float("-inf"))
         if TREE:  # (the fp8 P·V form: 1-4 % faster at Flux and HunyuanVideo; the other forms were not)
-            s_max = _row_max(s)
+            s_max = _row_tree(s, False)
         else:
             s_max = gl.max(s, 1)
         m_new = gl.maximum(m_i, (s_max - S_OFF) * qk_scale)
@@ -229,7 +227,7 @@ def _build():
         else:
             p = gl.exp2(s * qk_scale - gl.expand_dims(m_new - P_LOG2, 1))
         if TREE_SUM:  # (8-bit: 0-4 % faster at Flux and HunyuanVideo; exact: up to 5.5 % slower with it)
-            l_i = l_i * alpha + _row_sum(p)
+            l_i = l_i * alpha + _row_tree(p, True)
         else:
             l_i = l_i * alpha + gl.sum(p, 1)
         return p, alpha, m_new, l_i
