@@ -652,7 +652,7 @@ def _build():
         mbarrier.arrive(k_empty.index(st0))
         if INT8:
             p, alpha, m_i, l_i = _softmax(_int_scores(s), j0, m_i, l_i, qsc * gl.load(KS + ks_base + j0), Lk,
-                                          BLOCK_N, s_layout, P_LOG2, True, INT_OFF, FP8, True)
+                                          BLOCK_N, s_layout, P_LOG2, True, INT_OFF, TREE=FP8, TREE_SUM=True)
         else:
             p, alpha, m_i, l_i = _softmax(s, j0, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
         if FP8:
@@ -678,7 +678,8 @@ def _build():
                 st = (g + jj) % STAGES
                 mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(_int_scores(s), j0 + jj, m_i, l_i, qsc * gl.load(KS + ks_base + j0 + jj),
-                                              Lk, BLOCK_N, s_layout, P_LOG2, True, INT_OFF, True, True)
+                                              Lk, BLOCK_N, s_layout, P_LOG2, True, INT_OFF, TREE=True,
+                                              TREE_SUM=True)
                 pv = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index((g + jj - 1) % STAGES))
                 # one key block's products summed by the MMA, the blocks in fp32 registers (the fp8 MMA's
@@ -718,7 +719,7 @@ def _build():
                 if INT8:
                     p, alpha, m_i, l_i = _softmax(_int_scores(s), j0 + jj, m_i, l_i,
                                                   qsc * gl.load(KS + ks_base + j0 + jj), Lk, BLOCK_N, s_layout,
-                                                  P_LOG2, True, INT_OFF, False, True)
+                                                  P_LOG2, True, INT_OFF, TREE_SUM=True)
                 else:
                     p, alpha, m_i, l_i = _softmax(s, j0 + jj, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
