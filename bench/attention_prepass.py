@@ -1,16 +1,15 @@
-"""The 8-bit mode's pre-pass (kernels/attention.py, ``_prepare_8bit``: a memset, kv_stats_kernel,
-quant_qkv_kernel) at several launch shapes (``attention.PREPASS``), against a device-to-device copy
-of the same bytes. The pre-pass is memory-bound: the copy is its ceiling.
+"""The 8-bit mode's pre-pass (kernels/attention.py, ``_prepare_8bit``: quant_qkv_kernel, one launch) at
+several launch shapes (``attention.PREPASS``), against a device-to-device copy of the same bytes. The
+pre-pass is memory-bound: the copy is its ceiling.
 
     python bench/attention_prepass.py [--shapes flux,hunyuan,sdxl,wan14b] [--rounds 5] [--rep 30]
 
-Per shape and V form (16-bit P·V: no V copy; fp8 P·V: V's max and its fp8 Vᵀ copy), every launch
-shape is timed once a round, in the same order each round (A B C … A B C …); the figures are the
-median (min-max) over the rounds, GB/s counts the bytes the pre-pass must move (Q, K, V read once
-each, their 8-bit copies written; kv_stats_kernel's second read of K and V included), and
-``x copy`` is the copy's time over the pre-pass's, per round. Every launch shape's outputs are
-compared with the default's: int8 Q and fp8 V bit for bit, int8 K within 1 (its mean is summed
-in a different order)."""
+Per shape and V form (16-bit P·V: no V copy; fp8 P·V: the fp8 Vᵀ copy and its block scales), every
+launch shape is timed once a round, in the same order each round (A B C … A B C …); the figures are the
+median (min-max) over the rounds, GB/s counts the bytes the pre-pass must move (Q, K (and V) read once
+each, their 8-bit copies written; K's sampled rows for its mean not counted), and ``x copy`` is the
+copy's time over the pre-pass's, per round. Every launch shape's outputs are compared with the
+default's: int8 Q and fp8 V bit for bit, int8 K within 1."""
 from __future__ import annotations
 
 import argparse
@@ -28,14 +27,10 @@ DEFAULT = dict(A.PREPASS)
 # overrides of the default; the first is the default itself, the reference of the output check
 GRID = [
     {},
-    {"chunk": 256, "block_q": 64, "block_v": 64, "quant_warps": 4},  # the default until 2026-11-26
-    {"chunk": 256},
+    {"block_q": 64, "quant_warps": 4},
     {"quant_warps": 4},
     {"block_q": 64},
     {"block_q": 32, "quant_warps": 4},
-    {"block_v": 64},
-    {"chunk": 512, "block_l": 64, "stats_warps": 8},
-    {"block_l": 64, "stats_warps": 8},
 ]
 
 
@@ -58,9 +53,8 @@ def main():
         block_d = A.block_d_for(D)
         for fp8 in (False, True):
             elems = B * H * L * D
-            # read Q, K (and V) in the quantising pass, K (and V) again in the statistics pass;
-            # write int8 Q, K (and fp8 V)
-            moved = elems * (2 * 2 + 2 + 1 + 1) + (elems * (2 + 2 + 1) if fp8 else 0)
+            # read Q, K (and V), write int8 Q, K (and fp8 V)
+            moved = elems * (2 + 2 + 1 + 1) + (elems * (2 + 1) if fp8 else 0)
             src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")  # read and written: moved
             dst = torch.empty_like(src)
 
@@ -72,8 +66,6 @@ def main():
             for over in GRID:
                 A.PREPASS.clear()
                 A.PREPASS.update(DEFAULT, **over)
-                if not fp8 and over and set(over) <= {"block_v"}:
-                    continue  # no V copy without fp8
                 try:
                     out = pre()
                     torch.cuda.synchronize()

@@ -13,8 +13,8 @@ Two modes:
   one (the row scale rides on the FMA that applies the softmax scale anyway) and is more robust
   to outlier tokens. P·V (``pv``): in fp16/bf16 with an fp32 accumulator, or, SageAttention2-style
   where the GPU has fp8 MMA (sm89+), in fp8 e4m3: P (in [0, 1] after the online-softmax rescale)
-  times 448, V scaled per channel by 448 / max|v| into a transposed fp8 copy, each key block's
-  products summed by the MMA and the blocks in fp32 registers; or (opt-in, for GeForce Ampere/Ada
+  times 448, V scaled per block of 128 keys (max |v| / 448) into a transposed fp8 copy, each key
+  block's products summed by the MMA and the blocks in fp32 registers; or (opt-in, for GeForce Ampere/Ada
   whose fp16-accumulate MMA runs at twice the fp32-accumulate rate) fp16 operands accumulated in
   fp16 within a key block. :func:`attention_8bit_emulated` is the torch model of this arithmetic.
 
@@ -90,6 +90,18 @@ def _maybe_int64(offs, INT64: tl.constexpr):
     return offs
 
 
+# K's smoothing mean is taken over K_MEAN_ROWS keys spread evenly over the sequence (key i·L_k // 64),
+# by every K program of a head alike (the same rows summed in the same order, so the same constant):
+# the softmax cancels whatever constant a channel's keys are shifted by, so the mean needs no pass of
+# its own over K; a sample of the keys removes the channel offsets that smoothing is for.
+K_MEAN_ROWS = tl.constexpr(64)
+# fp8 V carries one scale per V_BLOCK keys (max |v| of the block / 448, at least V_SCALE_MIN so that
+# the kernels' ratios of consecutive scales stay finite), found by the program that quantises the
+# block: no pass over V before it. The attention kernels' BLOCK_N divides V_BLOCK.
+V_BLOCK = attention_hopper.V_BLOCK
+V_SCALE_MIN = tl.constexpr(2.0 ** -40)
+
+
 @triton.jit
 def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                     qk_scale, Lq, Lk, H, KV_GROUP, tma_rb, tma_rh, tma_ch, tma_qrb, tma_qrh, tma_qch,
@@ -109,8 +121,8 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
     the programs of one head run together and share its K/V in L2.
 
     PV_MODE (P·V): 0 = P in V's dtype, fp32 accumulator; 1 = fp8 e4m3 (V is then a transposed,
-    per-channel-scaled fp8 copy (B, H, BLOCK_D, L_pad) read through stride_vl as the channel
-    stride, VS the channels' max |v|; P is scaled by 448 into e4m3's range); 2 = fp16 operands with
+    block-scaled fp8 copy (B, H, BLOCK_D, L_pad) read through stride_vl as the channel stride, VS
+    its scales, one per V_BLOCK keys; P is scaled by 448 into e4m3's range); 2 = fp16 operands with
     fp16 accumulation inside one key block, added to the fp32 accumulator per block.
 
     USE_TMA (exact mode, Hopper+): K and V tiles come through tensor descriptors KD / VD (TMA
@@ -163,7 +175,10 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
         tma_row = (b * tma_rb + hk * tma_rh).to(tl.int32)
         tma_col = (hk * tma_ch).to(tl.int32)
     if PV_MODE == 1:
-        VS_base = VS + (b * (H // KV_GROUP) + hk) * BLOCK_D
+        VS_base = VS + (b * (H // KV_GROUP) + hk) * ((Lk + V_BLOCK - 1) // V_BLOCK)
+        # the accumulator is kept in units of the last block's V scale: each block rescales it by the
+        # ratio of the previous scale to its own with the online softmax's alpha (a factor a row)
+        vs_prev = tl.load(VS_base)
     if INT8:
         q = tl.load(q_ptrs, mask=m_ok[:, None], other=0)
         qc = tl.load(QS + b * stride_qsb + h * stride_qsh + offs_m, mask=m_ok, other=0.0)
@@ -259,7 +274,9 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                 # accumulator keeps fewer mantissa bits than fp32), then added in fp32 registers;
                 # accumulating every block in the MMA lost accuracy with L (cos 0.9989 at L=32760)
                 pv = tl.dot(p.to(tl.float8e4nv), tl.trans(vt))
-                acc = acc * alpha[:, None] + pv
+                vs_j = tl.load(VS_base + start_n // V_BLOCK)
+                acc = acc * (alpha * (vs_prev / vs_j))[:, None] + pv
+                vs_prev = vs_j
             else:
                 v_ptrs = V_base + cols_o[:, None] * stride_vl + offs_d[None, :]
                 if USE_TMA:
@@ -283,61 +300,13 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
             m_i = m_ij
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if PV_MODE == 1:
-        # V carried a factor 448 / max|v| per channel (P's 448 is in l_i too)
-        vs = tl.load(VS_base + offs_d) * (1.0 / 448.0)
-        out = acc * (vs[None, :] / l_safe[:, None])
+        # V's last block scale, and P's 448 (in l_i too)
+        out = acc * ((vs_prev * (1.0 / 448.0)) / l_safe[:, None])
     else:
         out = acc / l_safe[:, None]
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m_o[:, None] * stride_ol + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
-
-# K's per-channel sum over the sequence is accumulated as int64 fixed point, KSUM_ONE = 1.0 (24
-# fractional bits; a chunk's fp32 partial is clamped to +-2**62 first): integer adds give the same
-# sum whatever order the programs' atomics land in, so the K mean (and every output) is the same
-# run to run, which fp32 atomics would not give.
-KSUM_ONE = tl.constexpr(2.0 ** 24)
-_KSUM_CLAMP = tl.constexpr(2.0 ** 62)
-
-
-@triton.jit
-def kv_stats_kernel(K, V, KSum, VAmax, L, H,
-                    stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
-                    CHUNK: tl.constexpr, AMAX_V: tl.constexpr, INT64: tl.constexpr,
-                    ALIGN8_K: tl.constexpr = False, ALIGN8_V: tl.constexpr = False):
-    """The 8-bit mode's statistics over the sequence, per (batch, kv head, channel), in one pass
-    over K (and V): K's sum (int64 fixed point, KSUM_ONE = 1.0, into a zeroed (B, H, BLOCK_D)
-    buffer; the smoothing mean is KSum / L) and, with AMAX_V, V's max |v| (fp32, zeroed buffer;
-    the fp8 V copy's per-channel scale). Each program reduces CHUNK rows, then one atomic per
-    channel."""
-    if ALIGN8_K:
-        stride_kb, stride_kh, stride_kl = _round_strides(stride_kb, stride_kh, stride_kl, 8)
-    if ALIGN8_V:
-        stride_vb, stride_vh, stride_vl = _round_strides(stride_vb, stride_vh, stride_vl, 8)
-    blk, b, h = _block_batch_head(tl.program_id(0), tl.cdiv(L, CHUNK), H)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    # element-wise accumulators, reduced over rows once at the end: a reduction per tile would
-    # wait for each tile's loads before issuing the next (0.8 TB/s on an H100, 2026-11-25)
-    s2 = tl.zeros([BLOCK_L, BLOCK_D], dtype=tl.float32)
-    m2 = tl.zeros([BLOCK_L, BLOCK_D], dtype=tl.float32)
-    for r0 in tl.static_range(0, CHUNK, BLOCK_L):
-        rows = blk * CHUNK + r0 + tl.arange(0, BLOCK_L)
-        rows_o = _maybe_int64(rows, INT64)
-        ok = (rows < L)[:, None] & d_ok[None, :]
-        s2 += tl.load(K + b * stride_kb + h * stride_kh + rows_o[:, None] * stride_kl + offs_d[None, :],
-                      mask=ok, other=0.0).to(tl.float32)
-        if AMAX_V:
-            xv = tl.load(V + b * stride_vb + h * stride_vh + rows_o[:, None] * stride_vl + offs_d[None, :],
-                         mask=ok, other=0.0).to(tl.float32)
-            m2 = tl.maximum(m2, tl.abs(xv))
-    s = tl.sum(s2, 0)
-    m = tl.max(m2, 0)
-    fixed = tl.minimum(tl.maximum(s * KSUM_ONE, -_KSUM_CLAMP), _KSUM_CLAMP)
-    tl.atomic_add(KSum + (b * H + h) * BLOCK_D + offs_d, fixed.to(tl.int64), mask=d_ok)
-    if AMAX_V:
-        tl.atomic_max(VAmax + (b * H + h) * BLOCK_D + offs_d, m)
 
 
 @triton.jit
@@ -355,29 +324,30 @@ def _int8_tile(x, PER_ROW: tl.constexpr):
 
 
 @triton.jit
-def quant_qkv_kernel(Q, K, V, KSum, VAmax, QO, QS, KO, KS, VO,
-                     Lq, Lk, H, HK, NQ, NK, q_mult, k_mean_mult,
+def quant_qkv_kernel(Q, K, V, QO, QS, KO, KS, VO, VS,
+                     Lq, Lk, H, HK, NQ, NK, q_mult,
                      stride_qb, stride_qh, stride_ql,
                      stride_kb, stride_kh, stride_kl,
                      stride_vb, stride_vh, stride_vl,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_LQ: tl.constexpr,
-                     BLOCK_LK: tl.constexpr, BLOCK_LV: tl.constexpr, FP8_V: tl.constexpr, INT64: tl.constexpr,
+                     BLOCK_LK: tl.constexpr, FP8_V: tl.constexpr, INT64: tl.constexpr,
                      ALIGN8_Q: tl.constexpr = False, ALIGN8_K: tl.constexpr = False,
                      ALIGN8_V: tl.constexpr = False, PERM_V: tl.constexpr = False):
     """The 8-bit mode's operands in one launch, from (B, H, L, D)-strided Q, K, V into contiguous,
-    zero-padded buffers:
+    zero-padded buffers, each program reading its own rows once (no statistics pass before it):
 
     * programs [0, NQ): Q · q_mult (softmax scale and log2(e)) to int8 QO (B, H, Lq, BLOCK_D), one
       scale per row in QS (B, H, Lq);
-    * programs [NQ, NQ + NK): K minus its mean (KSum · k_mean_mult, from kv_stats_kernel) to int8
-      KO (B, HK, Lk, BLOCK_D), one scale per BLOCK_LK keys (the attention kernel's BLOCK_N) in KS
-      (B, HK, cdiv(Lk, BLOCK_LK));
-    * the rest, with FP8_V: V · 448 / max|v| per channel (VAmax, from kv_stats_kernel; no mean
-      subtracted: smoothing V by its mean measured worse at long sequences, cos 0.99895 vs 0.99927
-      at L=32760) to fp8 e4m3, transposed into VO (B, HK, BLOCK_D, L_pad), L_pad = Lk rounded up to
-      128 (keys contiguous: the K-major operand the fp8 MMA needs). With PERM_V the keys are
-      stored relabelled within each 32, in the order the Gluon kernel's fp8 P operand reads them
-      (kernels/attention_hopper.py, ``_p_operand``).
+    * programs [NQ, NQ + NK): K minus its mean (over K_MEAN_ROWS sampled keys) to int8 KO (B, HK,
+      Lk, BLOCK_D), one scale per BLOCK_LK keys (the attention kernel's BLOCK_N) in KS (B, HK,
+      cdiv(Lk, BLOCK_LK));
+    * the rest, with FP8_V: V_BLOCK keys of V each, divided by their scale VS (B, HK, L_pad / V_BLOCK)
+      = max |v| over the block's keys and channels / 448 (no mean subtracted: smoothing V by its
+      mean measured worse at long sequences, cos 0.99895 vs 0.99927 at L=32760) to fp8 e4m3,
+      transposed into VO (B, HK, BLOCK_D, L_pad), L_pad = Lk rounded up to V_BLOCK (keys contiguous:
+      the K-major operand the fp8 MMA needs). With PERM_V the keys are stored relabelled within each
+      32, in the order the Gluon kernel's fp8 P operand reads them (kernels/attention_hopper.py,
+      ``_p_operand``).
 
     ALIGN8_*: as in attn_fwd_kernel (16-byte rows, vector loads at head sizes 40 / 80)."""
     if ALIGN8_Q:
@@ -393,11 +363,11 @@ def quant_qkv_kernel(Q, K, V, KSum, VAmax, QO, QS, KO, KS, VO,
         _quant_q_part(Q, QO, QS, pid, Lq, H, q_mult, stride_qb, stride_qh, stride_ql,
                       HEAD_DIM, BLOCK_D, BLOCK_LQ, INT64)
     elif pid < NQ + NK:
-        _quant_k_part(K, KSum, KO, KS, pid - NQ, Lk, HK, k_mean_mult, stride_kb, stride_kh, stride_kl,
+        _quant_k_part(K, KO, KS, pid - NQ, Lk, HK, stride_kb, stride_kh, stride_kl,
                       HEAD_DIM, BLOCK_D, BLOCK_LK, INT64)
     elif FP8_V:
-        _quant_v_part(V, VAmax, VO, pid - NQ - NK, Lk, HK, stride_vb, stride_vh, stride_vl,
-                      HEAD_DIM, BLOCK_D, BLOCK_LV, INT64, PERM_V)
+        _quant_v_part(V, VO, VS, pid - NQ - NK, Lk, HK, stride_vb, stride_vh, stride_vl,
+                      HEAD_DIM, BLOCK_D, INT64, PERM_V)
 
 
 @triton.jit
@@ -417,40 +387,45 @@ def _quant_q_part(Q, QO, QS, pid, Lq, H, q_mult, stride_qb, stride_qh, stride_ql
 
 
 @triton.jit
-def _quant_k_part(K, KSum, KO, KS, pid, Lk, HK, k_mean_mult, stride_kb, stride_kh, stride_kl,
+def _quant_k_part(K, KO, KS, pid, Lk, HK, stride_kb, stride_kh, stride_kl,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr):
     nkb = tl.cdiv(Lk, BLOCK_L)
     blk, b, h = _block_batch_head(pid, nkb, HK)
     rows = blk * BLOCK_L + tl.arange(0, BLOCK_L)
     rows_o = _maybe_int64(rows, INT64)
     offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
     r_ok = rows < Lk
-    ok = r_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    x = tl.load(K + b * stride_kb + h * stride_kh + rows_o[:, None] * stride_kl + offs_d[None, :],
-                mask=ok, other=0.0).to(tl.float32)
-    mu = tl.load(KSum + (b * HK + h) * BLOCK_D + offs_d).to(tl.float32) * k_mean_mult
+    ok = r_ok[:, None] & d_ok[None, :]
+    k_head = K + b * stride_kb + h * stride_kh
+    x = tl.load(k_head + rows_o[:, None] * stride_kl + offs_d[None, :], mask=ok, other=0.0).to(tl.float32)
+    # the smoothing mean: keys i·Lk // K_MEAN_ROWS (repeats where Lk is smaller), the same in every program
+    srows = (_maybe_int64(tl.arange(0, K_MEAN_ROWS), INT64) * Lk) // K_MEAN_ROWS
+    xs = tl.load(k_head + srows[:, None] * stride_kl + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+    mu = tl.sum(xs.to(tl.float32), 0) * (1.0 / K_MEAN_ROWS)
     y, scale = _int8_tile(tl.where(ok, x - mu[None, :], 0.0), False)
     tl.store(KO + ((b * HK + h) * Lk + rows_o[:, None]) * BLOCK_D + offs_d[None, :], y, mask=r_ok[:, None])
     tl.store(KS + (b * HK + h) * nkb + blk, scale)
 
 
 @triton.jit
-def _quant_v_part(V, VAmax, VO, pid, Lk, HK, stride_vb, stride_vh, stride_vl,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr,
-                  PERM_V: tl.constexpr):
-    l_pad = tl.cdiv(Lk, 128) * 128
-    blk, b, h = _block_batch_head(pid, tl.cdiv(l_pad, BLOCK_L), HK)
-    rows = blk * BLOCK_L + tl.arange(0, BLOCK_L)
+def _quant_v_part(V, VO, VS, pid, Lk, HK, stride_vb, stride_vh, stride_vl,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, INT64: tl.constexpr, PERM_V: tl.constexpr):
+    VB: tl.constexpr = V_BLOCK
+    n_vb = tl.cdiv(Lk, VB)
+    blk, b, h = _block_batch_head(pid, n_vb, HK)
+    rows = blk * VB + tl.arange(0, VB)
     rows_o = _maybe_int64(rows, INT64)
     offs_d = tl.arange(0, BLOCK_D)
     ok = (rows < Lk)[:, None] & (offs_d < HEAD_DIM)[None, :]
     x = tl.load(V + b * stride_vb + h * stride_vh + rows_o[:, None] * stride_vl + offs_d[None, :],
                 mask=ok, other=0.0).to(tl.float32)
-    inv = 448.0 / tl.maximum(tl.load(VAmax + (b * HK + h) * BLOCK_D + offs_d), 1e-30)
-    y = tl.minimum(tl.maximum(x * inv[None, :], -448.0), 448.0)
+    scale = tl.maximum(tl.max(tl.max(tl.abs(x), 1), 0) * (1.0 / 448.0), V_SCALE_MIN)
+    y = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+    tl.store(VS + (b * HK + h) * n_vb + blk, scale)
     if PERM_V:  # key r to column π⁻¹(r): bits 0,1,2,3,4 of r to 0,2,3,1,4 (π: attention_hopper._p_operand)
         rows_o = (rows_o & ~15) | (rows_o & 1) | ((rows_o >> 2) & 2) | ((rows_o << 1) & 12)
-    tl.store(VO + ((b * HK + h) * BLOCK_D + offs_d[None, :]) * l_pad + rows_o[:, None], y.to(tl.float8e4nv))
+    tl.store(VO + ((b * HK + h) * BLOCK_D + offs_d[None, :]) * (n_vb * VB) + rows_o[:, None], y.to(tl.float8e4nv))
 
 
 # ----------------------------------------------------------------------------- configurations
@@ -695,52 +670,45 @@ def _align8(x, D, strides) -> bool:
     return D % 8 == 0 and all(st % 8 == 0 for st in strides) and x.data_ptr() % 16 == 0
 
 
-# The 8-bit pre-pass's launch shape: kv_stats_kernel's rows a program (CHUNK) and a tile (BLOCK_L),
-# quant_qkv_kernel's Q / fp8-V rows a program, and each kernel's warps. 128 Q rows, 128 fp8-V keys
-# and 8 warps a quantising program, 128 rows a statistics program: the fastest or within the spread
-# of it at every shape of bench/attention_prepass.py in two runs on an H100 (2026-11-26: 0.79-0.80
-# -> 0.85x a copy of the same bytes at HunyuanVideo, 0.85 -> 0.90x at WAN, 16-bit V; BENCHMARKS.md)
-PREPASS = {"chunk": 128, "block_l": 32, "stats_warps": 4, "block_q": 128, "block_v": 128, "quant_warps": 8}
+# The 8-bit pre-pass's launch shape: quant_qkv_kernel's Q rows a program and its warps (a K program
+# takes the attention kernel's BLOCK_N keys, an fp8-V program V_BLOCK). 128 Q rows and 8 warps: the
+# fastest or within the spread of it at every shape of bench/attention_prepass.py in two runs on an
+# H100 (2026-11-26, BENCHMARKS.md), when a statistics pass ran before it.
+PREPASS = {"block_q": 128, "quant_warps": 8}
 
 
 def _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d, q_mult, block_n, fp8_v, warmup=False,
                   perm_v=False, plan=None):
-    """The 8-bit operands of one call, in two launches (kv_stats_kernel, quant_qkv_kernel):
-    (int8 Q, its row scales, int8 K, its block scales, fp8 Vᵀ or None, V's per-channel max |v|).
-    With ``warmup`` the kernels are only compiled; with ``perm_v`` Vᵀ's keys are in the Gluon fp8
-    kernel's order; ``plan``: the call's launch plan key (runtime.launch)."""
+    """The 8-bit operands of one call, in one launch (quant_qkv_kernel): (int8 Q, its row scales,
+    int8 K, its block scales, fp8 Vᵀ or None, V's block scales or None). With ``warmup`` the kernel
+    is only compiled; with ``perm_v`` Vᵀ's keys are in the Gluon fp8 kernel's order; ``plan``: the
+    call's launch plan key (runtime.launch)."""
+    if V_BLOCK.value % block_n:
+        raise ValueError(f"BLOCK_N {block_n} does not divide the fp8 V scales' block of {V_BLOCK.value} keys")
     dev = q4.device
-    n = B * Hk * block_d
-    stats = torch.zeros(3 * n, dtype=torch.int32, device=dev)  # one memset for both statistics
-    ksum, vamax = stats[:2 * n].view(torch.int64), stats[2 * n:].view(torch.float32)
-    l_pad = cdiv(Lk, 128) * 128
+    l_pad = cdiv(Lk, V_BLOCK.value) * V_BLOCK.value
     int64 = max(Lq * max(sq[2], 1), Lk * max(sk[2], 1), Lk * max(sv[2], 1),
                 max(Lq, l_pad) * block_d) >= INT64_THRESHOLD
     al_q, al_k, al_v = _align8(q4, D, sq), _align8(k4, D, sk), fp8_v and _align8(v4, D, sv)
-    pre = PREPASS
-    chunk = pre["chunk"]
-    launch_kernel(
-        kernel_for(kv_stats_kernel, dev.type), (cdiv(Lk, chunk) * B * Hk,),
-        k4, v4, ksum, vamax, Lk, Hk, *sk, *sv,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_L=pre["block_l"], CHUNK=chunk, AMAX_V=fp8_v, INT64=int64,
-        ALIGN8_K=al_k, ALIGN8_V=al_v, num_warps=pre["stats_warps"], warmup=warmup, plan=plan)
     qi = torch.empty((B, H, Lq, block_d), dtype=torch.int8, device=dev)
     qs = torch.empty((B, H, Lq), dtype=torch.float32, device=dev)
     ki = torch.empty((B, Hk, Lk, block_d), dtype=torch.int8, device=dev)
     nkb = cdiv(Lk, block_n)
     ks = torch.empty((B, Hk, nkb), dtype=torch.float32, device=dev)
+    n_vb = l_pad // V_BLOCK.value
     vf = torch.empty((B, Hk, block_d, l_pad), dtype=torch.float8_e4m3fn, device=dev) if fp8_v else None
-    block_q, block_v = pre["block_q"], pre["block_v"]
+    vs = torch.empty((B, Hk, n_vb), dtype=torch.float32, device=dev) if fp8_v else None
+    block_q = PREPASS["block_q"]
     nq, nk = cdiv(Lq, block_q) * B * H, nkb * B * Hk
-    nv = cdiv(l_pad, block_v) * B * Hk if fp8_v else 0
+    nv = n_vb * B * Hk if fp8_v else 0
     launch_kernel(
         kernel_for(quant_qkv_kernel, dev.type), (nq + nk + nv,),
-        q4, k4, v4, ksum, vamax, qi, qs, ki, ks, vf if fp8_v else qi,
-        Lq, Lk, H, Hk, nq, nk, float(q_mult), 1.0 / (KSUM_ONE.value * Lk), *sq, *sk, *sv,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_LQ=block_q, BLOCK_LK=block_n, BLOCK_LV=block_v, FP8_V=fp8_v,
-        INT64=int64, ALIGN8_Q=al_q, ALIGN8_K=al_k, ALIGN8_V=al_v, PERM_V=bool(perm_v), num_warps=pre["quant_warps"],
-        warmup=warmup, plan=plan)
-    return qi, qs, ki, ks, vf, vamax
+        q4, k4, v4, qi, qs, ki, ks, vf if fp8_v else qi, vs if fp8_v else qs,
+        Lq, Lk, H, Hk, nq, nk, float(q_mult), *sq, *sk, *sv,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_LQ=block_q, BLOCK_LK=block_n, FP8_V=fp8_v,
+        INT64=int64, ALIGN8_Q=al_q, ALIGN8_K=al_k, ALIGN8_V=al_v, PERM_V=bool(perm_v),
+        num_warps=PREPASS["quant_warps"], warmup=warmup, plan=plan)
+    return qi, qs, ki, ks, vf, vs
 
 
 class _interpreted_device_calls:
@@ -1093,9 +1061,9 @@ def _run(x, c, views, o_out, m4, warmup=False, plan=None, light=False):
     lk = launch_kernel if plan is None else functools.partial(launch_kernel, plan=plan)
     if int8 and variant in (G8_HALF, G8_FP8):
         fp8 = variant == G8_FP8
-        qa, qs_, ka, ks_, vf, vamax = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
-                                                    sm_scale * LOG2E, bn, fp8, warmup, perm_v=fp8, plan=plan)
-        attention_hopper.launch8(qa, qs_, ka, ks_, vf if fp8 else v_view, vamax, o_out, so, B, H, Hk, Lq, Lk,
+        qa, qs_, ka, ks_, vf, vsc = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
+                                                  sm_scale * LOG2E, bn, fp8, warmup, perm_v=fp8, plan=plan)
+        attention_hopper.launch8(qa, qs_, ka, ks_, vf if fp8 else v_view, vsc, o_out, so, B, H, Hk, Lq, Lk,
                                  D, c[:4], lk, warmup, light=light)
         return
     if not int8 and variant in GLUON_VARIANTS:
@@ -1118,10 +1086,10 @@ def _run(x, c, views, o_out, m4, warmup=False, plan=None, light=False):
     if int8:
         # the whole pre-pass runs per config (K's block scales follow BLOCK_N), so a timed
         # candidate costs what one call with it costs
-        qa, qs_, ka, ks_, vf, vamax = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
-                                                    sm_scale * LOG2E, bn, pv_mode == 1, warmup, plan=plan)
+        qa, qs_, ka, ks_, vf, vsc = _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d,
+                                                  sm_scale * LOG2E, bn, pv_mode == 1, warmup, plan=plan)
         if pv_mode == 1:
-            va, sva, vs_ = vf, (vf.stride(0), vf.stride(1), vf.stride(2)), vamax
+            va, sva, vs_ = vf, (vf.stride(0), vf.stride(1), vf.stride(2)), vsc
         sqa, ska = (qa.stride(0), qa.stride(1), qa.stride(2)), (ka.stride(0), ka.stride(1), ka.stride(2))
         qss, kss = (qs_.stride(0), qs_.stride(1)), (ks_.stride(0), ks_.stride(1))
     else:
@@ -1427,7 +1395,7 @@ def attention_8bit_emulated(q, k, v, *, scale: float | None = None, block_n: int
     """The 8-bit mode's arithmetic in plain torch, for (B, H, L, D) q, k, v without mask: smoothed
     K, int8 Q (per-row scales, softmax scale and log2(e) folded in) and K (per block of ``block_n``
     keys), int32-exact Q·K, online softmax over key blocks in fp32, and P·V either in fp8 e4m3
-    (pv="fp8": P·448 and V scaled per channel by 448 / max|v| into e4m3,
+    (pv="fp8": P·448, and V over its scale per block of V_BLOCK keys (max |v| / 448) in e4m3,
     rounded as the hardware's cvt.rn.satfinite does) or in the inputs' dtype (pv="half"). It is the
     reference for what the kernel computes where the Triton interpreter cannot run it (fp8)."""
     B, H, L, D = q.shape
@@ -1439,15 +1407,19 @@ def attention_8bit_emulated(q, k, v, *, scale: float | None = None, block_n: int
     x = q.float() * sm
     sq = x.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127.0
     qi = rnd(x / sq)
-    kk = k.float() - k.float().mean(2, keepdim=True)
     Lk = k.shape[2]
+    srows = (torch.arange(K_MEAN_ROWS.value) * Lk) // K_MEAN_ROWS.value
+    kk = k.float() - k.float()[:, :, srows].mean(2, keepdim=True)
     nblk = (Lk + block_n - 1) // block_n
     kb = torch.nn.functional.pad(kk, (0, 0, 0, nblk * block_n - Lk)).view(B, H, nblk, block_n, D)
     sk = kb.abs().amax((-1, -2), keepdim=True).clamp_min(1e-30) / 127.0
     ki = rnd(kb / sk)
-    if pv == "fp8":
-        sv = v.float().abs().amax(2, keepdim=True).clamp_min(1e-30) / 448.0
-        vq = (v.float() / sv).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    if pv == "fp8":  # V dequantised: fp8 e4m3 of V / its block scale, times the scale
+        vb_ = V_BLOCK.value
+        n_vb = (Lk + vb_ - 1) // vb_
+        vb = torch.nn.functional.pad(v.float(), (0, 0, 0, n_vb * vb_ - Lk)).view(B, H, n_vb, vb_, D)
+        sv = (vb.abs().amax((-1, -2), keepdim=True) / 448.0).clamp_min(V_SCALE_MIN.value)
+        vq = ((vb / sv).clamp(-448, 448).to(torch.float8_e4m3fn).float() * sv).view(B, H, -1, D)[:, :, :Lk]
     else:
         vq = v.float()
     m = torch.full((B, H, L), float("-inf"))
@@ -1467,7 +1439,7 @@ def attention_8bit_emulated(q, k, v, *, scale: float | None = None, block_n: int
         acc = acc * alpha[..., None] + pq @ vq[:, :, lo:hi]
         m = m_new
     if pv == "fp8":
-        return acc * (sv / 448.0) / li[..., None]
+        return acc / (448.0 * li[..., None])
     return acc / li[..., None]
 
 
@@ -1513,28 +1485,21 @@ def _spec(dtype, int8, head_dim, cfg, archs, mask_kind=0, causal=False, int64=Fa
 
 
 def _prep_specs(ty, fp8_v, archs):
-    """The 8-bit pre-pass kernels (kv_stats_kernel, quant_qkv_kernel) at a padded head (80 -> 128)."""
+    """The 8-bit pre-pass kernel (quant_qkv_kernel) at a padded head (80 -> 128)."""
     opts = {"archs": tuple(archs), "num_warps": 4, "num_stages": 1}
-    strides = [f"stride_{t}{d}" for t in "kv" for d in "bhl"]
-    sig = {"K": f"*{ty}", "V": f"*{ty}", "KSum": "*i64", "VAmax": "*fp32", "L": "i32", "H": "i32",
-           **{n: "i32" for n in strides}}
-    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_L", "CHUNK", "AMAX_V", "INT64", "ALIGN8_K", "ALIGN8_V"):
-        sig[n] = "constexpr"
-    stats = (kv_stats_kernel, sig, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_L": 32, "CHUNK": 256, "AMAX_V": fp8_v,
-                                    "INT64": fp8_v, "ALIGN8_K": True, "ALIGN8_V": fp8_v}, opts)
-    sig = {"Q": f"*{ty}", "K": f"*{ty}", "V": f"*{ty}", "KSum": "*i64", "VAmax": "*fp32", "QO": "*i8",
-           "QS": "*fp32", "KO": "*i8", "KS": "*fp32", "VO": "*fp8e4nv" if fp8_v else "*i8"}
+    sig = {"Q": f"*{ty}", "K": f"*{ty}", "V": f"*{ty}", "QO": "*i8", "QS": "*fp32", "KO": "*i8", "KS": "*fp32",
+           "VO": "*fp8e4nv" if fp8_v else "*i8", "VS": "*fp32"}
     for n in ("Lq", "Lk", "H", "HK", "NQ", "NK"):
         sig[n] = "i32"
-    sig.update({"q_mult": "fp32", "k_mean_mult": "fp32"})
+    sig["q_mult"] = "fp32"
     sig.update({f"stride_{t}{d}": "i32" for t in "qkv" for d in "bhl"})
-    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_LQ", "BLOCK_LK", "BLOCK_LV", "FP8_V", "INT64", "ALIGN8_Q", "ALIGN8_K",
-              "ALIGN8_V", "PERM_V"):
+    for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_LQ", "BLOCK_LK", "FP8_V", "INT64", "ALIGN8_Q", "ALIGN8_K", "ALIGN8_V",
+              "PERM_V"):
         sig[n] = "constexpr"
-    quant = (quant_qkv_kernel, sig, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_LQ": 64, "BLOCK_LK": 64, "BLOCK_LV": 64,
+    quant = (quant_qkv_kernel, sig, {"HEAD_DIM": 80, "BLOCK_D": 128, "BLOCK_LQ": 64, "BLOCK_LK": 64,
                                      "FP8_V": fp8_v, "INT64": fp8_v, "ALIGN8_Q": True, "ALIGN8_K": not fp8_v,
                                      "ALIGN8_V": fp8_v, "PERM_V": fp8_v}, opts)
-    return [stats, quant]
+    return [quant]
 
 
 def _compile_specs():

@@ -32,8 +32,9 @@ FlashAttention-3 builds by hand can be written out. Three forms, each a variant 
 
 * ``attn_fwd_hopper_ws8`` (8-bit mode's ``G8_HALF`` / ``G8_FP8``): the warp-specialised schedule over
   kernels/attention.py's 8-bit pre-pass: int8 Q·K on the tensor cores (s32 accumulation, rescaled by Q's
-  row and K's block scales), P·V in the input dtype or in fp8 e4m3 (P × 448 against the transposed,
-  per-channel-scaled fp8 V copy, each key block summed by the MMA and the blocks in fp32 registers) —
+  row and K's block scales), P·V in the input dtype or in fp8 e4m3 (P × 448 against the transposed fp8 V
+  copy, one scale per V_BLOCK keys, each key block summed by the MMA and the blocks in fp32 registers,
+  rescaled from one V scale to the next with the softmax's alpha) —
   the Triton 8-bit kernel's arithmetic, so the same accuracy. The softmax is this kernel's limit, not
   the MMAs, so its per-score work is cut to a max, one FMA, the exponential and a sum: the int32 scores
   are floats as the MMA leaves them (it accumulates onto 1.5·2^23's bits, ``_int_scores``), the row's
@@ -69,6 +70,7 @@ import functools
 import os
 
 import torch
+import triton.language as tl
 
 from . import attention_streamk as SK
 
@@ -82,6 +84,9 @@ except Exception:  # noqa: BLE001 - an older Triton, or a build without it: gluo
 
 LOG2E = 1.4426950408889634
 HEADS = (64, 128)
+# keys a scale of the 8-bit pre-pass's fp8 V copy covers (kernels/attention.py's pre-pass and Triton kernel
+# take it from here); every fp8 P·V config's BLOCK_N divides it
+V_BLOCK = tl.constexpr(128)
 
 # (BLOCK_M, BLOCK_N, num_warps, stages) per head size; K and V have a ring of ``stages`` tiles each.
 # BLOCK_M is 64 rows a warpgroup. Kept: the configs that led their kernel form on an H100
@@ -522,7 +527,7 @@ def _build():
         _ws_run(cons, prod, NUM_C, REGS_C, REGS_P)
 
     # ---- 8-bit, warp-specialised: int8 Q·K (the pre-pass's smoothed, scaled copies), P·V in fp8 e4m3
-    # (P × 448 against the transposed, per-channel-scaled fp8 V) or in the input dtype
+    # (P × 448 against the transposed, block-scaled fp8 V) or in the input dtype
 
     @gluon.jit
     def _fp8x4(x):
@@ -581,7 +586,8 @@ def _build():
         """Consumer warpgroup ``c`` of a warp-specialised kernel, over the program's tiles (the
         producer's order): its 64 query rows of each over every key block. Exact (16-bit Q / K: scores
         times ``qk_scale``) or 8-bit (int8 Q / K: the int32 scores times Q's row scales from ``QS`` and
-        K's block scale from ``KS``), P·V in V's dtype, or in fp8 with V's channel max ``VA``. The K / V
+        K's block scale from ``KS``), P·V in V's dtype, or in fp8 with V's block scales ``VA`` (one per
+        V_BLOCK keys). The K / V
         ring slots and the ping-pong's turns count on across tiles."""
         BLOCK_M: gl.constexpr = 64 * (q_smem.shape[0] // 2)
         n_m, n_blocks, pid, grid, n_mine, n_items = _ws_schedule(q_smem, k_smem, Lq, Lk, n_dp, sk_units)
@@ -593,7 +599,8 @@ def _build():
             # the ping-pong turns before it: a key block's, and one more an item
             _ws_tile(c, O, OD, o_smem, q_smem, q_bars, q_empty, it % 2, (it // 2) & 1, k_smem, v_smem, k_full,
                      v_full, k_empty, v_empty, turn, g0, g0 + it, QS, KS, VA, qk_scale, Lq, Lk, j0, n_j, o_off,
-                     mb * BLOCK_M, stride_ol, bh * Lq, bhk * n_blocks, bhk * q_smem.shape[2], slot, WO, WML)
+                     mb * BLOCK_M, stride_ol, bh * Lq, bhk * n_blocks, bhk * ((Lk + V_BLOCK - 1) // V_BLOCK), slot,
+                     WO, WML)
         if o_smem.shape[0] != q_smem.shape[0]:  # O_TMA: the last tile's store has read its buffer
             tma.store_wait(0)
 
@@ -672,10 +679,14 @@ def _build():
             _pass_turn(turn, c)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             # the blocks before block j-1 stay at block j-2's max until block j-1's sum arrives; one FMA
-            # then rescales them and adds it
+            # then rescales them and adds it. They are also in units of block j-2's V scale (vs_acc),
+            # block j-1's products in its own (vs_p): the rescale takes the ratio too.
             alpha_prev = alpha
+            vs_p = gl.load(VA + va_base + j0 * BLOCK_N // V_BLOCK)
+            vs_acc = vs_p  # (the accumulator is zero yet)
             for jj in range(1, n_j):
                 st = (g + jj) % STAGES
+                vs_n = gl.load(VA + va_base + (j0 + jj) * BLOCK_N // V_BLOCK)  # block j's, for its P·V
                 mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(_int_scores(s), j0 + jj, m_i, l_i, qsc * gl.load(KS + ks_base + j0 + jj),
                                               Lk, BLOCK_N, s_layout, P_LOG2, True, INT_OFF, TREE=True,
@@ -686,8 +697,10 @@ def _build():
                 # accumulator keeps fewer mantissa bits: summing every block in it failed the accuracy
                 # goal at 32760 keys with outlier channels). (Here, not beside the next Q·Kᵀ as in the 16-bit
                 # forms: P·V's block held across that issue spilled 688 bytes at head 128.)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha_prev * (vs_acc / vs_p), row_o), 1) + pv
                 alpha_prev = alpha
+                vs_acc = vs_p
+                vs_p = vs_n
                 p_op = _p_operand(p, v_smem.dtype, p_layout)
                 nst = (g + jj + 1) % STAGES
                 mbarrier.wait(k_full.index(nst), ((g + jj + 1) // STAGES) & 1, pred=jj + 1 < n_j)
@@ -697,8 +710,6 @@ def _build():
                 o_tok = warpgroup_mma(p_op, _v_operand(v_smem, st), o_zero, use_acc=False, is_async=True)
                 _pass_turn(turn, c)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
-            # V's scale, loaded while the last P·V runs (P's 448 is in l_i too)
-            vs = gl.load(VA + va_base + gl.arange(0, HEAD_D, layout=col_o)) * (1.0 / 448.0)
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
         else:
             p_op = _p_operand(p, v_smem.dtype, p_layout)
@@ -734,7 +745,9 @@ def _build():
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index((g + n_j - 1) % STAGES))
         if FP8:
-            acc = (acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv) * gl.expand_dims(vs, 0)
+            # in the last block's V units, P's 448 (which is in l_i too) taken out
+            acc = (acc * gl.expand_dims(gl.convert_layout(alpha_prev * (vs_acc / vs_p), row_o), 1) + pv) * \
+                (vs_p * (1.0 / 448.0))
         else:
             acc = pv
         O_TMA: gl.constexpr = o_smem.shape[0] != q_smem.shape[0]  # o_smem is q_smem where O_TMA is off
@@ -800,7 +813,7 @@ def _build():
                             O_TMA: gl.constexpr):
         """QD / KD: the pre-pass's int8 Q (B·H·Lq, D) and K (B·Hk·Lk, D); VD: fp8 Vᵀ (B·Hk·D, L_pad)
         or V's own 2-D view (rows v_rb a batch, v_rh a head, columns v_ch a head); QS (B·H·Lq) the
-        row scales, KS (B·Hk, cdiv(Lk, BLOCK_N)) the block scales, VA (B·Hk·D) V's channel max."""
+        row scales, KS (B·Hk, cdiv(Lk, BLOCK_N)) the block scales, VA (B·Hk, L_pad / V_BLOCK) fp8 V's scales."""
         NUM_C: gl.constexpr = BLOCK_M // 64
         q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, o_smem = \
             _ws_setup(QD, KD, VD, OD, BLOCK_M, BLOCK_N, STAGES, PINGPONG, O_TMA)
@@ -943,12 +956,12 @@ def launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_f
         launch_fn(kernel(ws), (1,) if light else (tiles,), *head, *tail, warmup=warmup, **consts)
 
 
-def launch8(qi, qs, ki, ks, v_view, vamax, o, so, B, H, Hk, Lq, Lk, D, cfg, launch_fn, warmup=False, pp=False,
+def launch8(qi, qs, ki, ks, v_view, vscale, o, so, B, H, Hk, Lq, Lk, D, cfg, launch_fn, warmup=False, pp=False,
             light=False):
     """One 8-bit call from kernels/attention.py's pre-pass: int8 ``qi`` (B, H, Lq, D) with row
     scales ``qs``, int8 ``ki`` (B, Hk, Lk, D) with block scales ``ks`` (one per BLOCK_N keys),
     ``v_view``: the fp8 Vᵀ copy (B, Hk, D, L_pad) or, for 16-bit P·V, V's 2-D view with its (row
-    per batch, row per head, column per head); ``vamax`` V's channel max (fp8 only); ``light``: as
+    per batch, row per head, column per head); ``vscale`` its scales (B, Hk, L_pad / V_BLOCK; fp8 only); ``light``: as
     :func:`launch`."""
     bm, bn, _, stages = cfg
     qd = descriptor(qi.view(B * H * Lq, D), (64, D))
@@ -957,7 +970,7 @@ def launch8(qi, qs, ki, ks, v_view, vamax, o, so, B, H, Hk, Lq, Lk, D, cfg, laun
         l_pad = v_view.shape[-1]
         vd = descriptor(v_view.view(B * Hk * D, l_pad), (D, bn))
         v_rb, v_rh, v_ch = Hk * D, D, 0
-        va = vamax
+        va = vscale
     else:
         v2, (v_rb, v_rh, v_ch) = v_view
         vd = descriptor(v2, (bn, D))
