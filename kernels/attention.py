@@ -300,8 +300,8 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
             m_i = m_ij
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if PV_MODE == 1:
-        # V's last block scale, and P's 448 (in l_i too)
-        out = acc * ((vs_prev * (1.0 / 448.0)) / l_safe[:, None])
+        # from the last block's V units (P's 448 is in l_i too)
+        out = acc * (vs_prev / l_safe[:, None])
     else:
         out = acc / l_safe[:, None]
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m_o[:, None] * stride_ol + offs_d[None, :]

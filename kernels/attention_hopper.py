@@ -683,7 +683,9 @@ def _build():
             # block j-1's products in its own (vs_p): the rescale takes the ratio too.
             alpha_prev = alpha
             vs_p = gl.load(VA + va_base + j0 * BLOCK_N // V_BLOCK)
-            vs_acc = vs_p  # (the accumulator is zero yet)
+            # (the accumulator is zero yet: any value would do; not vs_p itself, whose value the loop's
+            # first pass would see assigned to it unchanged, and not carry vs_acc round the loop)
+            vs_acc = vs_p * 1.0
             for jj in range(1, n_j):
                 st = (g + jj) % STAGES
                 vs_n = gl.load(VA + va_base + (j0 + jj) * BLOCK_N // V_BLOCK)  # block j's, for its P·V
@@ -745,9 +747,8 @@ def _build():
             pv = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index((g + n_j - 1) % STAGES))
         if FP8:
-            # in the last block's V units, P's 448 (which is in l_i too) taken out
-            acc = (acc * gl.expand_dims(gl.convert_layout(alpha_prev * (vs_acc / vs_p), row_o), 1) + pv) * \
-                (vs_p * (1.0 / 448.0))
+            # from the last block's V units (P's 448 is in l_i too)
+            acc = (acc * gl.expand_dims(gl.convert_layout(alpha_prev * (vs_acc / vs_p), row_o), 1) + pv) * vs_p
         else:
             acc = pv
         O_TMA: gl.constexpr = o_smem.shape[0] != q_smem.shape[0]  # o_smem is q_smem where O_TMA is off
