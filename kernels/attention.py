@@ -13,8 +13,9 @@ Two modes:
   one (the row scale rides on the FMA that applies the softmax scale anyway) and is more robust
   to outlier tokens. P·V (``pv``): in fp16/bf16 with an fp32 accumulator, or, SageAttention2-style
   where the GPU has fp8 MMA (sm89+), in fp8 e4m3: P (in [0, 1] after the online-softmax rescale)
-  times 448, V scaled per block of 128 keys (max |v| / 448) into a transposed fp8 copy, each key
-  block's products summed by the MMA and the blocks in fp32 registers; or (opt-in, for GeForce Ampere/Ada
+  times 448, V scaled per block of 128 keys (by a power of two, so that its largest |v| lands in
+  (224, 448]) into a transposed fp8 copy, each key block's products summed by the MMA and the blocks
+  in fp32 registers; or (opt-in, for GeForce Ampere/Ada
   whose fp16-accumulate MMA runs at twice the fp32-accumulate rate) fp16 operands accumulated in
   fp16 within a key block. :func:`attention_8bit_emulated` is the torch model of this arithmetic.
 
@@ -95,11 +96,12 @@ def _maybe_int64(offs, INT64: tl.constexpr):
 # the softmax cancels whatever constant a channel's keys are shifted by, so the mean needs no pass of
 # its own over K; a sample of the keys removes the channel offsets that smoothing is for.
 K_MEAN_ROWS = tl.constexpr(64)
-# fp8 V carries one scale per V_BLOCK keys (max |v| of the block / 448, at least V_SCALE_MIN so that
-# the kernels' ratios of consecutive scales stay finite), found by the program that quantises the
-# block: no pass over V before it. The attention kernels' BLOCK_N divides V_BLOCK.
+# fp8 V carries one scale per V_BLOCK keys, found by the program that quantises the block (no pass over
+# V before it): a power of two 2^e, the least ≥ max |v| of the block / 448, e ≥ V_EXP_MIN. The copy
+# stores e: the kernels rescale their accumulator from one block's scale to the next by 2^(e' - e), an
+# exact factor, with no division. The attention kernels' BLOCK_N divides V_BLOCK.
 V_BLOCK = attention_hopper.V_BLOCK
-V_SCALE_MIN = tl.constexpr(2.0 ** -40)
+V_EXP_MIN = tl.constexpr(-40)
 
 
 @triton.jit
@@ -177,8 +179,8 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
     if PV_MODE == 1:
         VS_base = VS + (b * (H // KV_GROUP) + hk) * ((Lk + V_BLOCK - 1) // V_BLOCK)
         # the accumulator is kept in units of the last block's V scale: each block rescales it by the
-        # ratio of the previous scale to its own with the online softmax's alpha (a factor a row)
-        vs_prev = tl.load(VS_base)
+        # ratio of the previous scale to its own, 2^(e_prev - e), with the online softmax's alpha
+        e_prev = tl.load(VS_base)
     if INT8:
         q = tl.load(q_ptrs, mask=m_ok[:, None], other=0)
         qc = tl.load(QS + b * stride_qsb + h * stride_qsh + offs_m, mask=m_ok, other=0.0)
@@ -274,9 +276,9 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                 # accumulator keeps fewer mantissa bits than fp32), then added in fp32 registers;
                 # accumulating every block in the MMA lost accuracy with L (cos 0.9989 at L=32760)
                 pv = tl.dot(p.to(tl.float8e4nv), tl.trans(vt))
-                vs_j = tl.load(VS_base + start_n // V_BLOCK)
-                acc = acc * (alpha * (vs_prev / vs_j))[:, None] + pv
-                vs_prev = vs_j
+                e_j = tl.load(VS_base + start_n // V_BLOCK)
+                acc = acc * (alpha * tl.math.exp2(e_prev - e_j))[:, None] + pv
+                e_prev = e_j
             else:
                 v_ptrs = V_base + cols_o[:, None] * stride_vl + offs_d[None, :]
                 if USE_TMA:
@@ -301,7 +303,7 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if PV_MODE == 1:
         # from the last block's V units (P's 448 is in l_i too)
-        out = acc * (vs_prev / l_safe[:, None])
+        out = acc * (tl.math.exp2(e_prev) / l_safe[:, None])
     else:
         out = acc / l_safe[:, None]
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m_o[:, None] * stride_ol + offs_d[None, :]
@@ -341,9 +343,10 @@ def quant_qkv_kernel(Q, K, V, QO, QS, KO, KS, VO, VS,
     * programs [NQ, NQ + NK): K minus its mean (over K_MEAN_ROWS sampled keys) to int8 KO (B, HK,
       Lk, BLOCK_D), one scale per BLOCK_LK keys (the attention kernel's BLOCK_N) in KS (B, HK,
       cdiv(Lk, BLOCK_LK));
-    * the rest, with FP8_V: V_BLOCK keys of V each, divided by their scale VS (B, HK, L_pad / V_BLOCK)
-      = max |v| over the block's keys and channels / 448 (no mean subtracted: smoothing V by its
-      mean measured worse at long sequences, cos 0.99895 vs 0.99927 at L=32760) to fp8 e4m3,
+    * the rest, with FP8_V: V_BLOCK keys of V each, divided by their scale 2^e (the least power of two
+      ≥ max |v| over the block's keys and channels / 448; e into VS (B, HK, L_pad / V_BLOCK) as a
+      float; no mean subtracted: smoothing V by its mean measured worse at long sequences, cos
+      0.99895 vs 0.99927 at L=32760) to fp8 e4m3,
       transposed into VO (B, HK, BLOCK_D, L_pad), L_pad = Lk rounded up to V_BLOCK (keys contiguous:
       the K-major operand the fp8 MMA needs). With PERM_V the keys are stored relabelled within each
       32, in the order the Gluon kernel's fp8 P operand reads them (kernels/attention_hopper.py,
@@ -420,9 +423,13 @@ def _quant_v_part(V, VO, VS, pid, Lk, HK, stride_vb, stride_vh, stride_vl,
     ok = (rows < Lk)[:, None] & (offs_d < HEAD_DIM)[None, :]
     x = tl.load(V + b * stride_vb + h * stride_vh + rows_o[:, None] * stride_vl + offs_d[None, :],
                 mask=ok, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.max(tl.abs(x), 1), 0) * (1.0 / 448.0), V_SCALE_MIN)
-    y = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
-    tl.store(VS + (b * HK + h) * n_vb + blk, scale)
+    # e = ceil(log2(max |v| / 448)) from the float's bits (exact: a power of two's mantissa is 0), then
+    # x · 2^-e exactly, 2^-e built from its bits
+    bits = (tl.max(tl.max(tl.abs(x), 1), 0) * (1.0 / 448.0)).to(tl.int32, bitcast=True)
+    e = tl.maximum((bits >> 23) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32), V_EXP_MIN)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
+    tl.store(VS + (b * HK + h) * n_vb + blk, e.to(tl.float32))
     if PERM_V:  # key r to column π⁻¹(r): bits 0,1,2,3,4 of r to 0,2,3,1,4 (π: attention_hopper._p_operand)
         rows_o = (rows_o & ~15) | (rows_o & 1) | ((rows_o >> 2) & 2) | ((rows_o << 1) & 12)
     tl.store(VO + ((b * HK + h) * BLOCK_D + offs_d[None, :]) * (n_vb * VB) + rows_o[:, None], y.to(tl.float8e4nv))
@@ -1391,11 +1398,21 @@ def attention_reference(q, k, v, heads: int | None = None, *, mask=None, layout:
     return out.transpose(1, 2).reshape(out.shape[0], Lq, -1)
 
 
+def v_block_exponents(amax: torch.Tensor) -> torch.Tensor:
+    """The fp8 V copy's scale exponents, as quant_qkv_kernel finds them: e = ceil(log2(amax / 448)) for
+    each block's max |v| (the quotient rounded to fp32 first), at least V_EXP_MIN, as floats."""
+    x = amax.float() * torch.tensor(1.0 / 448.0, dtype=torch.float32)
+    m, k = torch.frexp(x)  # x = m · 2^k, m in [0.5, 1)
+    e = torch.where(m == 0.5, k - 1, k)
+    return torch.where(x > 0, e, V_EXP_MIN.value).clamp_min(V_EXP_MIN.value).float()
+
+
 def attention_8bit_emulated(q, k, v, *, scale: float | None = None, block_n: int = 64, pv: str = "fp8"):
     """The 8-bit mode's arithmetic in plain torch, for (B, H, L, D) q, k, v without mask: smoothed
     K, int8 Q (per-row scales, softmax scale and log2(e) folded in) and K (per block of ``block_n``
     keys), int32-exact Q·K, online softmax over key blocks in fp32, and P·V either in fp8 e4m3
-    (pv="fp8": P·448, and V over its scale per block of V_BLOCK keys (max |v| / 448) in e4m3,
+    (pv="fp8": P·448, and V over its scale per block of V_BLOCK keys (a power of two, :func:`v_block_exponents`)
+    in e4m3,
     rounded as the hardware's cvt.rn.satfinite does) or in the inputs' dtype (pv="half"). It is the
     reference for what the kernel computes where the Triton interpreter cannot run it (fp8)."""
     B, H, L, D = q.shape
@@ -1418,7 +1435,7 @@ def attention_8bit_emulated(q, k, v, *, scale: float | None = None, block_n: int
         vb_ = V_BLOCK.value
         n_vb = (Lk + vb_ - 1) // vb_
         vb = torch.nn.functional.pad(v.float(), (0, 0, 0, n_vb * vb_ - Lk)).view(B, H, n_vb, vb_, D)
-        sv = (vb.abs().amax((-1, -2), keepdim=True) / 448.0).clamp_min(V_SCALE_MIN.value)
+        sv = torch.exp2(v_block_exponents(vb.abs().amax((-1, -2), keepdim=True)))
         vq = ((vb / sv).clamp(-448, 448).to(torch.float8_e4m3fn).float() * sv).view(B, H, -1, D)[:, :, :Lk]
     else:
         vq = v.float()

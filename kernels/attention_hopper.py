@@ -33,8 +33,8 @@ FlashAttention-3 builds by hand can be written out. Three forms, each a variant 
 * ``attn_fwd_hopper_ws8`` (8-bit mode's ``G8_HALF`` / ``G8_FP8``): the warp-specialised schedule over
   kernels/attention.py's 8-bit pre-pass: int8 Q·K on the tensor cores (s32 accumulation, rescaled by Q's
   row and K's block scales), P·V in the input dtype or in fp8 e4m3 (P × 448 against the transposed fp8 V
-  copy, one scale per V_BLOCK keys, each key block summed by the MMA and the blocks in fp32 registers,
-  rescaled from one V scale to the next with the softmax's alpha) —
+  copy, one power-of-two scale per V_BLOCK keys, each key block summed by the MMA and the blocks in fp32
+  registers, rescaled from one V scale to the next with the softmax's alpha) —
   the Triton 8-bit kernel's arithmetic, so the same accuracy. The softmax is this kernel's limit, not
   the MMAs, so its per-score work is cut to a max, one FMA, the exponential and a sum: the int32 scores
   are floats as the MMA leaves them (it accumulates onto 1.5·2^23's bits, ``_int_scores``), the row's
@@ -586,8 +586,8 @@ def _build():
         """Consumer warpgroup ``c`` of a warp-specialised kernel, over the program's tiles (the
         producer's order): its 64 query rows of each over every key block. Exact (16-bit Q / K: scores
         times ``qk_scale``) or 8-bit (int8 Q / K: the int32 scores times Q's row scales from ``QS`` and
-        K's block scale from ``KS``), P·V in V's dtype, or in fp8 with V's block scales ``VA`` (one per
-        V_BLOCK keys). The K / V
+        K's block scale from ``KS``), P·V in V's dtype, or in fp8 with V's block scales' exponents ``VA``
+        (one per V_BLOCK keys). The K / V
         ring slots and the ping-pong's turns count on across tiles."""
         BLOCK_M: gl.constexpr = 64 * (q_smem.shape[0] // 2)
         n_m, n_blocks, pid, grid, n_mine, n_items = _ws_schedule(q_smem, k_smem, Lq, Lk, n_dp, sk_units)
@@ -679,16 +679,16 @@ def _build():
             _pass_turn(turn, c)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             # the blocks before block j-1 stay at block j-2's max until block j-1's sum arrives; one FMA
-            # then rescales them and adds it. They are also in units of block j-2's V scale (vs_acc),
-            # block j-1's products in its own (vs_p): the rescale takes the ratio too.
+            # then rescales them and adds it. They are also in units of block j-2's V scale (2^e_acc),
+            # block j-1's products in its own (2^e_p): the rescale takes 2^(e_acc - e_p) too.
             alpha_prev = alpha
-            vs_p = gl.load(VA + va_base + j0 * BLOCK_N // V_BLOCK)
-            # (the accumulator is zero yet: any value would do; not vs_p itself, whose value the loop's
-            # first pass would see assigned to it unchanged, and not carry vs_acc round the loop)
-            vs_acc = vs_p * 1.0
+            e_p = gl.load(VA + va_base + j0 * BLOCK_N // V_BLOCK)
+            # (the accumulator is zero yet: any value would do; not e_p itself, whose value the loop's
+            # first pass would see assigned to e_acc unchanged, and so not carry e_acc round the loop)
+            e_acc = e_p + 0.0
             for jj in range(1, n_j):
                 st = (g + jj) % STAGES
-                vs_n = gl.load(VA + va_base + (j0 + jj) * BLOCK_N // V_BLOCK)  # block j's, for its P·V
+                e_n = gl.load(VA + va_base + (j0 + jj) * BLOCK_N // V_BLOCK)  # block j's, for its P·V
                 mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(_int_scores(s), j0 + jj, m_i, l_i, qsc * gl.load(KS + ks_base + j0 + jj),
                                               Lk, BLOCK_N, s_layout, P_LOG2, True, INT_OFF, TREE=True,
@@ -699,10 +699,10 @@ def _build():
                 # accumulator keeps fewer mantissa bits: summing every block in it failed the accuracy
                 # goal at 32760 keys with outlier channels). (Here, not beside the next Q·Kᵀ as in the 16-bit
                 # forms: P·V's block held across that issue spilled 688 bytes at head 128.)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha_prev * (vs_acc / vs_p), row_o), 1) + pv
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha_prev * gl.exp2(e_acc - e_p), row_o), 1) + pv
                 alpha_prev = alpha
-                vs_acc = vs_p
-                vs_p = vs_n
+                e_acc = e_p
+                e_p = e_n
                 p_op = _p_operand(p, v_smem.dtype, p_layout)
                 nst = (g + jj + 1) % STAGES
                 mbarrier.wait(k_full.index(nst), ((g + jj + 1) // STAGES) & 1, pred=jj + 1 < n_j)
@@ -748,7 +748,8 @@ def _build():
         mbarrier.arrive(v_empty.index((g + n_j - 1) % STAGES))
         if FP8:
             # from the last block's V units (P's 448 is in l_i too)
-            acc = (acc * gl.expand_dims(gl.convert_layout(alpha_prev * (vs_acc / vs_p), row_o), 1) + pv) * vs_p
+            acc = (acc * gl.expand_dims(gl.convert_layout(alpha_prev * gl.exp2(e_acc - e_p), row_o), 1) + pv) * \
+                gl.exp2(e_p)
         else:
             acc = pv
         O_TMA: gl.constexpr = o_smem.shape[0] != q_smem.shape[0]  # o_smem is q_smem where O_TMA is off
@@ -814,7 +815,7 @@ def _build():
                             O_TMA: gl.constexpr):
         """QD / KD: the pre-pass's int8 Q (B·H·Lq, D) and K (B·Hk·Lk, D); VD: fp8 Vᵀ (B·Hk·D, L_pad)
         or V's own 2-D view (rows v_rb a batch, v_rh a head, columns v_ch a head); QS (B·H·Lq) the
-        row scales, KS (B·Hk, cdiv(Lk, BLOCK_N)) the block scales, VA (B·Hk, L_pad / V_BLOCK) fp8 V's scales."""
+        row scales, KS (B·Hk, cdiv(Lk, BLOCK_N)) the block scales, VA (B·Hk, L_pad / V_BLOCK) fp8 V's scale exponents."""
         NUM_C: gl.constexpr = BLOCK_M // 64
         q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, o_smem = \
             _ws_setup(QD, KD, VD, OD, BLOCK_M, BLOCK_N, STAGES, PINGPONG, O_TMA)
@@ -962,7 +963,7 @@ def launch8(qi, qs, ki, ks, v_view, vscale, o, so, B, H, Hk, Lq, Lk, D, cfg, lau
     """One 8-bit call from kernels/attention.py's pre-pass: int8 ``qi`` (B, H, Lq, D) with row
     scales ``qs``, int8 ``ki`` (B, Hk, Lk, D) with block scales ``ks`` (one per BLOCK_N keys),
     ``v_view``: the fp8 Vᵀ copy (B, Hk, D, L_pad) or, for 16-bit P·V, V's 2-D view with its (row
-    per batch, row per head, column per head); ``vscale`` its scales (B, Hk, L_pad / V_BLOCK; fp8 only); ``light``: as
+    per batch, row per head, column per head); ``vscale`` its scales' exponents (B, Hk, L_pad / V_BLOCK; fp8 only); ``light``: as
     :func:`launch`."""
     bm, bn, _, stages = cfg
     qd = descriptor(qi.view(B * H * Lq, D), (64, D))

@@ -164,7 +164,7 @@ def test_fp8_pv_arithmetic_meets_the_accuracy_goal(kind, D):
 @pytest.mark.parametrize("layout, L, perm", [("bhld", 300, False), ("bld", 300, True), ("bhld", 40, False)])
 def test_prepass_kernel(layout, L, perm):
     # quant_qkv_kernel alone, in one launch: int8 Q a row, int8 K smoothed by the mean of its sampled
-    # keys a block, fp8 Vᵀ a V block (its scale the block's max |v| / 448), each against torch on
+    # keys a block, fp8 Vᵀ a V block (its scale a power of two from the block's max |v|), each against torch on
     # fresh data; every output poisoned first, the padding past L and past the head size written as 0
     gen = torch.Generator().manual_seed(L)
     B, H, D, bd, bn = 2, 3, 40, 64, 32
@@ -206,8 +206,11 @@ def test_prepass_kernel(layout, L, perm):
     assert (kq - kc / want_ks.repeat_interleave(bn, 2)[:, :, :L, None]).abs().max() <= 0.5 + 1e-2
     assert ki[..., D:].abs().max() == 0
     vpad = torch.nn.functional.pad(v.double(), (0, 0, 0, n_vb * vb - L)).view(B, H, n_vb, vb, D)
-    want_vs = vpad.abs().amax((-1, -2)) / 448
-    assert torch.allclose(vs.double(), want_vs, rtol=1e-6) and abs(vs[1, 2, -1].item() - 50 / 448) < 1e-6
+    # the block's scale: the least power of two 2^e with 448 · 2^e ≥ max |v| (e as a float)
+    amax = vpad.abs().amax((-1, -2))
+    assert torch.equal(vs, A.v_block_exponents(amax)) and vs[1, 2, -1] == -3  # 50 / 448 -> 2^-3
+    assert (448 * torch.exp2(vs.double()) >= amax).all() and (448 * torch.exp2(vs.double() - 1) < amax).all()
+    want_vs = torch.exp2(vs.double())
     got = vf.float().view(B, H, bd, -1)
     if perm:  # key r is stored at column f(r) within each 32 (attention_hopper._p_operand's order)
         r = torch.arange(n_vb * vb)
