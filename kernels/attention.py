@@ -5,8 +5,9 @@ Two modes:
 * ``exact``: fp16 / bf16 (or fp32) Q, K, V; Q·Kᵀ on tensor cores with fp32 accumulation, fp32
   online softmax (``exp2`` with ``log2(e)`` folded into the scale), P·V in the input dtype with
   an fp32 accumulator.
-* ``int8`` (the node's "8-bit"): SageAttention-style. K is smoothed (its mean over the sequence is
-  subtracted: exact for softmax, since it shifts every score of a row by the same constant), then
+* ``int8`` (the node's "8-bit"): SageAttention-style. K is smoothed (its mean over 64 keys sampled
+  across the sequence is subtracted: exact for softmax whatever the constant, since it shifts every
+  score of a row by the same amount), then
   Q is quantised to int8 with one scale per row (the softmax scale and ``log2(e)`` folded in) and
   K with one scale per block of ``BLOCK_N`` keys; Q·Kᵀ runs as an int8 dot with int32
   accumulation and is rescaled in fp32. A per-row Q scale costs nothing over Sage's per-block
