@@ -691,7 +691,7 @@ def _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d, q_mult, 
     int8 K, its block scales, fp8 Vᵀ or None, V's block scales or None). With ``warmup`` the kernel
     is only compiled; with ``perm_v`` Vᵀ's keys are in the Gluon fp8 kernel's order; ``plan``: the
     call's launch plan key (runtime.launch)."""
-    if V_BLOCK.value % block_n:
+    if fp8_v and V_BLOCK.value % block_n:  # (every fp8 P·V candidate's BLOCK_N divides it)
         raise ValueError(f"BLOCK_N {block_n} does not divide the fp8 V scales' block of {V_BLOCK.value} keys")
     dev = q4.device
     l_pad = cdiv(Lk, V_BLOCK.value) * V_BLOCK.value
