@@ -418,7 +418,13 @@ def _quant_v_part(V, VO, VS, pid, Lk, HK, stride_vb, stride_vh, stride_vl,
     VB: tl.constexpr = V_BLOCK
     n_vb = tl.cdiv(Lk, VB)
     blk, b, h = _block_batch_head(pid, n_vb, HK)
-    rows = blk * VB + tl.arange(0, VB)
+    cols = tl.arange(0, VB)  # the copy's columns, contiguous in VO
+    if PERM_V:  # column c holds key π(c): bits 0,1,2,3 of c to 0,3,1,2 (π: attention_hopper._p_operand);
+        # permuted on the load (whole rows of V), the store stays contiguous (vector stores)
+        keys = (cols & ~15) | (cols & 1) | ((cols << 2) & 8) | ((cols >> 1) & 6)
+    else:
+        keys = cols
+    rows = blk * VB + keys
     rows_o = _maybe_int64(rows, INT64)
     offs_d = tl.arange(0, BLOCK_D)
     ok = (rows < Lk)[:, None] & (offs_d < HEAD_DIM)[None, :]
@@ -431,9 +437,8 @@ def _quant_v_part(V, VO, VS, pid, Lk, HK, stride_vb, stride_vh, stride_vl,
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
     y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
     tl.store(VS + (b * HK + h) * n_vb + blk, e.to(tl.float32))
-    if PERM_V:  # key r to column π⁻¹(r): bits 0,1,2,3,4 of r to 0,2,3,1,4 (π: attention_hopper._p_operand)
-        rows_o = (rows_o & ~15) | (rows_o & 1) | ((rows_o >> 2) & 2) | ((rows_o << 1) & 12)
-    tl.store(VO + ((b * HK + h) * BLOCK_D + offs_d[None, :]) * (n_vb * VB) + rows_o[:, None], y.to(tl.float8e4nv))
+    cols_o = _maybe_int64(blk * VB + cols, INT64)
+    tl.store(VO + ((b * HK + h) * BLOCK_D + offs_d[None, :]) * (n_vb * VB) + cols_o[:, None], y.to(tl.float8e4nv))
 
 
 # ----------------------------------------------------------------------------- configurations

@@ -5,12 +5,17 @@ from __future__ import annotations
 ARCHS = (75, 80, 86, 89, 90, 120)
 
 
-def compile_for(kernel, signature: dict, constexprs: dict, cc: int, num_warps: int = 4, num_stages: int = 3):
+def compile_for(kernel, signature: dict, constexprs: dict, cc: int, num_warps: int = 4, num_stages: int = 3,
+                divisible: tuple = ()):
+    """``divisible``: the arguments Triton's launcher would specialise as multiples of 16 (pointers to
+    aligned tensors, such strides), which its vector loads and stores need."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    names = list(signature)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs or None)
     return triton.compile(src, target=GPUTarget("cuda", cc, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})
 

@@ -559,6 +559,20 @@ def test_sm86_family_int8_candidates_compile_within_its_shared_memory():
             assert len(k.asm["cubin"]) and k.metadata.shared <= A._SMEM["sm86"], (cc, cfg, k.metadata.shared)
 
 
+@pytest.mark.parametrize("cc, head, perm", [(90, 128, True), (90, 64, True), (89, 128, False)])
+def test_prepass_writes_the_fp8_v_copy_with_vector_stores(cc, head, perm):
+    """The fp8 Vᵀ copy's stores are 16-byte vectors, the Gluon kernel's key order (PERM_V) included: with
+    the keys relabelled at the store, each key went out as a byte (st.global.b8), twice the pre-pass's
+    time at SDXL on an H200 (BENCHMARKS.md, forty-second session). Compiled as the launcher specialises real
+    calls: aligned pointers and row strides."""
+    (kernel, sig, consts, _), = A._prep_specs("bf16", True, (cc,))
+    consts = dict(consts, HEAD_DIM=head, BLOCK_D=head, BLOCK_LQ=64, BLOCK_LK=128, INT64=False, ALIGN8_Q=False,
+                  ALIGN8_K=False, ALIGN8_V=False, PERM_V=perm)
+    aligned = [n for n in sig if sig[n].startswith("*")] + [f"stride_{t}{d}" for t in "qkv" for d in "bhl"]
+    ptx = compile_for(kernel, sig, consts, cc, 4, 1, divisible=tuple(aligned)).asm["ptx"]
+    assert "st.global.v4.b32" in ptx and "st.global.b8" not in ptx
+
+
 def test_every_arch_has_specs():
     archs = {cc for spec in A.COMPILE_SPECS for cc in spec[3]["archs"]}
     assert archs == set(ARCHS)
