@@ -27,10 +27,11 @@ DEFAULT = dict(A.PREPASS)
 # overrides of the default; the first is the default itself, the reference of the output check
 GRID = [
     {},
-    {"block_q": 64, "quant_warps": 4},
-    {"quant_warps": 4},
-    {"block_q": 64},
-    {"block_q": 32, "quant_warps": 4},
+    {"block_q": 128, "quant_warps": 8},
+    {"quant_warps": 2},
+    {"quant_warps": 8},
+    {"block_q": 32},
+    {"block_q": 128},
 ]
 
 

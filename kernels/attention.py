@@ -684,10 +684,11 @@ def _align8(x, D, strides) -> bool:
 
 
 # The 8-bit pre-pass's launch shape: quant_qkv_kernel's Q rows a program and its warps (a K program
-# takes the attention kernel's BLOCK_N keys, an fp8-V program V_BLOCK). 128 Q rows and 8 warps: the
-# fastest or within the spread of it at every shape of bench/attention_prepass.py in two runs on an
-# H100 (2026-11-26, BENCHMARKS.md), when a statistics pass ran before it.
-PREPASS = {"block_q": 128, "quant_warps": 8}
+# takes the attention kernel's BLOCK_N keys, an fp8-V program V_BLOCK). 64 Q rows and 4 warps: the
+# fastest (one tie) at Flux and HunyuanVideo-like, both V forms, of bench/attention_prepass.py
+# on an H100 and an H200 (2026-11-28, BENCHMARKS.md), 22-32 % under the 128 rows and 8 warps that were
+# fastest while a statistics pass ran before it. A memory-bound copy's launch shape, not a path choice.
+PREPASS = {"block_q": 64, "quant_warps": 4}
 
 
 def _prepare_8bit(q4, sq, k4, sk, v4, sv, B, H, Hk, Lq, Lk, D, block_d, q_mult, block_n, fp8_v, warmup=False,
