@@ -72,6 +72,31 @@ CANDS = {"comfy": noop, "exact": noop, "int8": noop}
 
 # ----------------------------------------------------------------------------- the chooser
 
+def test_the_store_follows_the_kernels_sources(tmp_path):
+    # pack_version (in every store's key) digests the kernels' sources: an update that changes a kernel
+    # and not pyproject's version must not reuse picks timed on the old code
+    import importlib.util
+    import shutil
+
+    def version_of(root):
+        spec = importlib.util.spec_from_file_location(f"tk_cal_{root.name}", root / "kernels" / "calibration.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.pack_version()
+
+    roots = []
+    for name, body in (("a", "X = 1\n"), ("b", "X = 1\n"), ("c", "X = 2\n")):
+        root = tmp_path / name
+        (root / "kernels").mkdir(parents=True)
+        shutil.copy(C.__file__, root / "kernels" / "calibration.py")
+        (root / "kernels" / "attention.py").write_text(body)
+        (root / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "9.9.9"\n')
+        roots.append(root)
+    a, b, c = (version_of(r) for r in roots)
+    assert a.startswith("9.9.9+") and a == b and c != a
+    assert C.pack_version() == C.pack_version() and C.pack_version() != a
+
+
 def test_picks_fastest_and_stores_it(store):
     t = FakeTimer({"comfy": 3.0, "exact": 1.0, "int8": 2.0})
     C.set_timer(t)
