@@ -3,7 +3,8 @@
 #   TESTS_S  the kernels' GPU tests, verbose, to $OUT/gpu_tests.txt (TESTS_FILES / TESTS_K narrow them)
 #   FLUX_S   Flux scaled-fp8 eager rounds, @86 / @89 / native: default, both nodes, fp8 Fallback alone
 #            (3 rounds, 6 steps; FLUX_PLAN, FLUX_ROUNDS replace the plan and the rounds)
-#   BENCH_S  bench/attention.py (3 interleaved rounds; BENCH_SHAPES a subset of its shapes, e.g. wan14b,sd15)
+#   BENCH_S  bench/attention.py (3 interleaved rounds; BENCH_SHAPES a subset of its shapes, e.g. wan14b,sd15),
+#            its calibration store (the `auto` picks' timings) to attn_cal/
 #   HUN_S    HunyuanVideo scaled-fp8 eager rounds, @86 / @89 / native, default against both nodes
 #            (2 rounds, 3 steps; HUN_PLAN, HUN_ROUNDS replace the plan and the rounds)
 #   REG_S    issue 13: Flux through the Triton Compile Model @86, cold compile (empty cache folders), the
@@ -84,8 +85,10 @@ if [ "${BENCH_S:-0}" != 0 ]; then
   # shellcheck disable=SC2046
   python3 -m pip install -q --no-deps $(ls .device/whl/sageattention-*.whl .device/whl-attn/*.whl 2>/dev/null) 2>&1 | tail -1
   t0=$(date +%s)
+  # its calibration store (empty at the start) comes back with the figures: each `auto` pick's timings
+  rm -rf "$O/attn_cal"
   timeout "$BENCH_S" python3 bench/attention.py --rep 40 --rounds 3 ${BENCH_SHAPES:+--shapes "$BENCH_SHAPES"} \
-    --json "$O/attention.json" > "$O/attention.txt" 2>&1
+    --json "$O/attention.json" --calibration-dir "$O/attn_cal" > "$O/attention.txt" 2>&1
   echo "bench rc=$? in $(( $(date +%s) - t0 )) s"
   sed -n '/^| shape/,/^$/p' "$O/attention.txt" | cut -c1-1600
 fi
