@@ -586,7 +586,8 @@ _G8_OF = {0: G8_HALF, 1: G8_FP8}
 # H100, bench/attention.py), so `auto` takes it only where it times at least this much faster:
 # its measured time is multiplied by this factor before the comparison. A policy on accuracy, not
 # a hardware threshold. (H100, 2026-11-23: fp8 P·V 0.87x the 16-bit one at Flux's 4608 keys,
-# 1.09-1.10x at 16384 and 32760 keys.)
+# 1.09-1.10x at 16384 and 32760 keys; the Gluon 8-bit kernel's, H100 and H200, 2026-11-28: 1.05-1.07x
+# at Flux's.)
 FP8_PV_MARGIN = 1.03
 
 
@@ -994,8 +995,9 @@ def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None,
             # read through TMA: only where V folds into a 2-D view) and fp8, timed like the Triton
             # kernel's (fp8 taken only FP8_PV_MARGIN faster). Its fp8 form led its 16-bit one by 4-13 %
             # at HunyuanVideo's and WAN's sequences on an H100 and an H200 and trailed it by 5-7 % at
-            # Flux's (BENCHMARKS.md, twenty-seventh session): which wins is the GPU's and the shape's,
-            # for one more compile in a cold first step
+            # Flux's (BENCHMARKS.md, twenty-seventh session); since the forty-second session's pre-pass it
+            # leads at Flux's too, by 4.5-6.6 %: which wins is the GPU's, the shape's and the code's, for
+            # one more compile in a cold first step
             v_view = _tma_view2d(v4, B, Hk, Lk, D, bhld) if align8 else None
             if 0 in pv_modes and v_view is not None:
                 variants += (G8_HALF,)
