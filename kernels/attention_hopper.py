@@ -110,12 +110,18 @@ CANDIDATES_WS = {
 # The 8-bit kernel (always warp-specialised): 16-bit P·V with 128-key blocks; fp8 P·V with 128-key
 # blocks too: 64-key blocks avoid its 236 bytes of spills at head 128 (the per-block fp8 sums are one
 # more accumulator) but timed 12-18 % slower than them on an H200.
+# Head 64 with 16-bit P·V also with three consumers (BLOCK_M 192, the exact kernel's registers): its key loop
+# ran 181 µs against 197 with two at SDXL's shape on an H200 (kernel time, BENCHMARKS.md, forty-third session),
+# though ptxas spills 16-24 bytes a thread at its 160 registers (SPILLS8_ALLOWED); with fp8 P·V (64 bytes) it was
+# no faster, and with 64-key blocks (no spills) 10 % slower.
 CANDIDATES8 = {
     (128, True): [(128, 128, 4, 2)],
     (64, True): [(128, 128, 4, 2)],
     (128, False): [(128, 128, 4, 2)],
-    (64, False): [(128, 128, 4, 3)],
+    (64, False): [(128, 128, 4, 3), (192, 128, 4, 2)],
 }
+# bytes a consumer thread may spill, by (head, fp8 P·V, BLOCK_M): the tests hold every other candidate to none
+SPILLS8_ALLOWED = {(64, False, 192): 32}
 
 
 def candidates8(head_dim: int, fp8_pv: bool) -> list:
@@ -177,6 +183,12 @@ WS3_PRODUCER_REGS = 24
 def ws_regs(block_m: int):
     """(consumer, producer) setmaxnreg requests of the exact warp-specialised kernel at this BLOCK_M."""
     return (WS3_CONSUMER_REGS, WS3_PRODUCER_REGS) if block_m == 192 else (WS_CONSUMER_REGS, WS_PRODUCER_REGS)
+
+
+def ws8_regs(block_m: int):
+    """(consumer, producer) setmaxnreg requests of the 8-bit kernel at this BLOCK_M (three consumers share the
+    registers as in the exact kernel)."""
+    return (WS3_CONSUMER_REGS, WS3_PRODUCER_REGS) if block_m == 192 else (WS8_CONSUMER_REGS, WS8_PRODUCER_REGS)
 
 
 def _build():
@@ -979,8 +991,9 @@ def launch8(qi, qs, ki, ks, v_view, vscale, o, so, B, H, Hk, Lq, Lk, D, cfg, lau
         va = qs  # unused
     grid, n_dp, units = _ws_grid(((Lq + bm - 1) // bm) * B * H, (Lk + bn - 1) // bn, qi.device, light)
     od, o_tma = out_descriptor(o, so, D, qd)
+    rc, rp = ws8_regs(bm)
     consts = {"HEAD_D": D, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "num_warps": 4,
-              "REGS_C": WS8_CONSUMER_REGS, "REGS_P": WS8_PRODUCER_REGS, "PINGPONG": bool(pp), "O_TMA": o_tma}
+              "REGS_C": rc, "REGS_P": rp, "PINGPONG": bool(pp), "O_TMA": o_tma}
     _ws_launch(launch_fn, kernel(int8=True), grid, n_dp, units, (qd, kd, vd, o, od, qs, ks, va, Lq, Lk, H, H // Hk),
                (H * Lq, Lq, Hk * Lk, Lk, v_rb, v_rh, v_ch, so[0], so[1], so[2]), o, so, H, Lq, Lk, bm, bn, D, warmup,
                consts)
@@ -1000,8 +1013,9 @@ def compile_spec8(dtype, head_dim: int, cfg, fp8_pv: bool = True, pp: bool = Fal
     for n in ("Lq", "Lk", "H", "KV_GROUP", "n_dp", "sk_units", "WO", "WML", "q_rb", "q_rh", "k_rb", "k_rh", "v_rb",
               "v_rh", "v_ch", "stride_ob", "stride_oh", "stride_ol"):
         sig[n] = "*fp32" if n in ("WO", "WML") else "i32"
+    rc, rp = ws8_regs(bm)
     consts = {"HEAD_D": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "num_warps": 4,
-              "REGS_C": WS8_CONSUMER_REGS, "REGS_P": WS8_PRODUCER_REGS, "PINGPONG": bool(pp), "O_TMA": o_tma}
+              "REGS_C": rc, "REGS_P": rp, "PINGPONG": bool(pp), "O_TMA": o_tma}
     for n in consts:
         sig[n] = "constexpr"
     return kernel(int8=True), sig, consts, {"archs": (90,), "num_warps": 4, "num_stages": 1}

