@@ -1362,6 +1362,13 @@ def attention(q, k, v, heads: int | None = None, *, mask=None, layout: str = "bl
         heads = q.shape[1]
     elif heads is None:
         raise ValueError("layout 'bld' needs heads")
+    if config is not None and len(tuple(config)) not in (4, 5):
+        raise ValueError("config must be (BLOCK_M, BLOCK_N, num_warps, num_stages), or with out= also a variant")
+    if config is not None and len(tuple(config)) == 5 and out is None:
+        # the custom op carries four ints: a variant would be dropped, and the default kernel run at a block
+        # config it may not take (BLOCK_M 192 is the Gluon kernel's only)
+        raise ValueError("a config with a variant (its fifth entry) needs out=: pass an output tensor, or the "
+                         "four-entry config to run the default kernel")
     bm, bn, nw, ns = tuple(config)[:4] if config is not None else (0, 0, 0, 0)
     if out is not None:
         with _interpreted_device_calls(q.device.type):

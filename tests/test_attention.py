@@ -259,6 +259,12 @@ def test_f16acc_pv_variant(dtype, poison):
 
 def test_pv_argument_checks():
     q = torch.zeros(1, 1, 16, 16, dtype=torch.float16)
+    # a variant needs out= (the custom op carries four ints); it used to be dropped, and the default kernel
+    # compiled at the Gluon kernel's block config failed deep in Triton
+    with pytest.raises(ValueError, match="needs out="):
+        A.attention(q, q, q, layout="bhld", config=(192, 128, 4, 2, A.GLUON_WS))
+    with pytest.raises(ValueError, match="config must be"):
+        A.attention(q, q, q, layout="bhld", config=(16, 16, 4))
     with pytest.raises(ValueError, match="fp8 MMA"):
         A.attention(q, q, q, layout="bhld", mode="int8", pv="fp8")
     with pytest.raises(ValueError, match="mode='int8' only"):
