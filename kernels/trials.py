@@ -22,6 +22,16 @@ form timed faster (28.8 against 29.3 ms): a turn of one call picked the slower f
 calls the order was the back-to-back one (30.7 against 27.3 ms), also between the block's GEMMs (the
 block 58.0 against 57.0 ms; back to back 58.2 against 56.9).
 
+A timing counts only where the GPU did not wait for the host inside it: its start is marked before the
+call's host work (launches, the config's choice), so where the GPU had already passed that mark when the
+call's launches were done, the window holds host time, and the timing is set aside. On an H200 at SDXL's
+8-bit shape (``.device/p44a.py``, 2026-11-28) a playoff that began in bench/attention.py's back-to-back
+warm-up calls timed its first finalists' turns at 413-430 µs against 204-257 µs between GEMMs, and picked
+a form 6 % slower (bench/attention.py now runs its playoff between GEMMs from the start). A finalist
+short of MIN_VALID timings after the schedule gets the schedule once more; short after that (a
+host-bound model: the GPU waits for the host in every call anyway), the provisional config, the fastest
+alone, stays.
+
 A call made while a CUDA graph is captured, or inside a preparing run (kernels/prepare.py: launches
 only compile), runs the provisional config untimed. ``TRITONKIT_PLAYOFF_IN_MODEL=0`` keeps the bursts.
 """
@@ -41,6 +51,8 @@ ENV = "TRITONKIT_PLAYOFF_IN_MODEL"
 SAMPLES = 6
 # a finalist whose calls raised (no end marked) this many times leaves the trial
 MAX_LOST = 2
+# timings a finalist needs (the GPU not waiting for the host inside them) for the pick by medians
+MIN_VALID = 3
 # a turn: consecutive calls of one finalist, about STRETCH_MS of their time alone (at most STRETCH_MAX
 # calls), the second half timed; every finalist takes at least MIN_TURNS turns, interleaved (A B A B)
 STRETCH_MS = 150.0
@@ -71,6 +83,10 @@ class CudaClock:
     def ready(self, end) -> bool:
         return end.query()
 
+    def passed(self, start) -> bool:
+        """Whether the GPU has already passed ``start``: called once the call's launches are done."""
+        return start.query()
+
     def ms(self, start, end) -> float:
         return start.elapsed_time(end)
 
@@ -84,7 +100,8 @@ class Trial:
     """One key's playoff in the model's calls: ``finalists`` (configs, the provisional best first) take
     turns of ``stretch`` consecutive calls, the second half of each timed, until every finalist has had
     its turns (at least MIN_TURNS, and SAMPLES timings); ``settle(best, medians)`` is called once, when
-    every timing has been read. ``stretch`` 1: a turn is one call, every call timed."""
+    every timing has been read. ``stretch`` 1: a turn is one call, every call timed. A timing the GPU
+    waited for the host in is set aside (``waited``); see the module's notes."""
 
     def __init__(self, finalists: list, weight: Optional[Callable], settle: Callable, clock, stretch: int = 1):
         self.finalists = list(finalists)
@@ -100,6 +117,9 @@ class Trial:
         self._inflight: list = []  # (config, start mark, end mark) not yet read
         self.samples: dict = {c: [] for c in self.finalists}
         self._lost: dict = {c: 0 for c in self.finalists}  # calls handed out that never ended
+        self.waited: dict = {c: 0 for c in self.finalists}  # timings set aside: the GPU waited for the host
+        self._repeated = False  # the schedule ran once more for a finalist short of MIN_VALID timings
+        self.fell_back = False  # settled on the provisional config: too few timings the host did not hold up
         self.settled = False
         self._lock = threading.Lock()
 
@@ -142,7 +162,10 @@ class Trial:
 
     def _next_call(self):
         """(config, timed) of the schedule's next call, a lost finalist's turns skipped; None once the
-        schedule is done."""
+        schedule is done (run once more where a finalist is short of MIN_VALID timings)."""
+        if self._done() and not self._repeated and self._short():
+            self._repeated = True
+            self._schedule = self._schedule * 2
         while not self._done():
             turn, pos = divmod(self._k, self.stretch)
             c = self._schedule[turn]
@@ -153,12 +176,23 @@ class Trial:
             return c, pos >= self._warm
         return None
 
+    def _short(self) -> list:
+        """The finalists still in the trial with fewer than MIN_VALID timings, read or in flight."""
+        have = {c: len(t) for c, t in self.samples.items()}
+        for c, _, _ in self._inflight:
+            have[c] += 1
+        return [c for c in self.finalists if self._lost[c] < MAX_LOST and have[c] < MIN_VALID]
+
     def _lose(self, c) -> None:
         with self._lock:
             self._lost[c] += 1
 
     def _end(self, c, start) -> None:
         if start is None:  # an untimed call of a turn's first half
+            return
+        if self.clock.passed(start):  # the GPU was through the start before the launches: it waited for them
+            with self._lock:
+                self.waited[c] += 1
             return
         end = self.clock.mark()
         with self._lock:
@@ -180,7 +214,11 @@ class Trial:
     def _finish(self) -> tuple:
         med = {c: t for c, t in self.medians().items() if self._lost[c] < MAX_LOST}
         w = self.weight or (lambda c: 1.0)
-        self.best = min(med, key=lambda c: med[c] * w(c)) if med else self.provisional
+        self.fell_back = bool(self._short()) or not med
+        if self.fell_back and self._lost[self.provisional] < MAX_LOST:
+            self.best = self.provisional
+        else:
+            self.best = min(med, key=lambda c: med[c] * w(c)) if med else self.provisional
         self.settled = True
         self._inflight = []
         return self.best, med

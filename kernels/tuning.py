@@ -302,12 +302,16 @@ def _trial_settled(device, key: str, rec: dict, best: tuple, medians: dict) -> N
     """A playoff in the model's calls picked ``best`` for ``key``: it is the pick from now on, stored."""
     with _LOCK:
         _CACHE[key] = best
-        _TRIALS.pop(key, None)
+        trial = _TRIALS.pop(key, None)
     calibration.COUNTERS["playoffs_in_model"] += 1
     rec = {k: v for k, v in rec.items() if k != "playoff"}
     rec["config"] = list(best)
     rec["ms"] = rec.get("candidates_ms", {}).get(",".join(map(str, best)), rec.get("ms"))
     rec["playoff_in_model_ms"] = {",".join(map(str, c)): round(t, 5) for c, t in medians.items()}
+    if trial is not None:
+        # timings set aside because the GPU waited for the host inside them, and whether too few were left
+        # for a pick by medians (the fastest alone kept): a host-bound model, read off the store
+        rec["playoff_host_bound"] = {"set_aside": sum(trial.waited.values()), "kept_fastest_alone": trial.fell_back}
     calibration.remember(device, key, rec)
 
 

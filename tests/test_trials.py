@@ -17,11 +17,13 @@ A, B, D = (128, 64, 4, 3, 0), (64, 64, 4, 3, 0), (128, 128, 8, 3, 1)
 
 class FakeClock:
     """A GPU that runs each launch for ``cost[config]`` ms; marks are its times, and the GPU has reached
-    every mark up to ``reached`` (None: all)."""
+    every mark up to ``reached`` (None: all). ``waiting``: the GPU is ahead of the host, through a call's
+    start before its launches are done (a host-bound model, or calls back to back)."""
 
     def __init__(self, cost):
         self.cost, self.now, self.reached, self.capture = cost, 0.0, None, False
         self.marks = 0
+        self.waiting = False
 
     def capturing(self):
         return self.capture
@@ -32,6 +34,9 @@ class FakeClock:
 
     def ready(self, end):
         return self.reached is None or end <= self.reached
+
+    def passed(self, start):
+        return self.waiting
 
     def ms(self, start, end):
         return end - start
@@ -96,6 +101,35 @@ def test_graph_capture_and_preparing_runs_are_not_timed_and_a_failed_call_is_dro
     trial.next()  # a call whose launch raised: no end_call; the next call drops it
     model_call(trial, clock)
     assert sum(len(s) for s in trial.samples.values()) + len(trial._inflight) == 1
+
+
+def test_timings_the_gpu_waited_for_the_host_in_are_set_aside():
+    # the trial's first calls come back to back (a warm-up): the GPU waits for the host inside their windows,
+    # which time B's heavier host work (30 ms) instead of its kernel. Set aside, they don't decide; B, short of
+    # MIN_VALID timings, gets the schedule once more
+    clock = FakeClock({A: 10.0, B: 9.0})
+    settled = []
+    trial = TR.Trial([A, B], None, lambda best, med: settled.append((best, med)), clock)
+    runs = []
+    for i in range(4 * TR.SAMPLES + 1):
+        clock.waiting = i < 2 * (TR.SAMPLES - TR.MIN_VALID + 1)
+        clock.cost[B] = 30.0 if clock.waiting else 9.0
+        runs.append(model_call(trial, clock))
+    assert runs == [A, B] * 2 * TR.SAMPLES + [B]
+    assert settled == [(B, {A: 10.0, B: 9.0})] and not trial.fell_back
+    assert trial.waited == {A: TR.SAMPLES - TR.MIN_VALID + 1, B: TR.SAMPLES - TR.MIN_VALID + 1}
+
+
+def test_a_host_bound_model_keeps_the_fastest_alone():
+    # every call's window holds host time: after the schedule and its repeat, the provisional pick stays
+    clock = FakeClock({A: 10.0, B: 9.0})
+    clock.waiting = True
+    settled = []
+    trial = TR.Trial([A, B], None, lambda best, med: settled.append((best, med)), clock)
+    runs = [model_call(trial, clock) for _ in range(4 * TR.SAMPLES + 1)]
+    assert runs == [A, B] * 2 * TR.SAMPLES + [A] and settled == [(A, {})] and trial.fell_back
+    assert clock.marks == 4 * TR.SAMPLES  # start marks only: no end marked for a window set aside
+    assert trial.waited == {A: 2 * TR.SAMPLES, B: 2 * TR.SAMPLES}
 
 
 @pytest.mark.parametrize("stretch", [1, 4])
@@ -200,6 +234,7 @@ def test_the_tuner_runs_a_gpu_playoff_in_the_models_calls(tuner, monkeypatch):
     rec = tuner["k|m"]
     assert rec["config"] == list(B) and rec["ms"] == 10.1 and "playoff" not in rec
     assert rec["playoff_in_model_ms"] == {"128,64,4,3,0": 10.0, "64,64,4,3,0": 9.0}
+    assert rec["playoff_host_bound"] == {"set_aside": 0, "kept_fastest_alone": False}
     # a new process reads the settled pick: no timing, no playoff
     T.reset()
     assert call() == B and T.cache()["k|m"] == B
@@ -245,6 +280,7 @@ def test_on_a_gpu_the_faster_of_two_matmuls_is_picked_from_their_calls():
     settled = []
     trial = TR.Trial(["big", "small"], None, lambda best, med: settled.append((best, med)), TR.CudaClock())
     for _ in range(20 * TR.SAMPLES):
+        a @ a  # the GPU behind the host, as in a model: each call is queued before the GPU reaches it
         work[trial.next()]()
         TR.end_call()
         if settled:
@@ -253,6 +289,32 @@ def test_on_a_gpu_the_faster_of_two_matmuls_is_picked_from_their_calls():
     assert settled and settled[0][0] == "small", settled
     med = settled[0][1]
     assert 2.0 < med["big"] / med["small"] < 8.0, med  # 4x the FLOPs
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_window_the_gpu_waited_in_is_set_aside():
+    # the GPU idle at the start mark and the host slow to launch (1 ms): the GPU is through the start before the
+    # launch, so the timing would hold host time; queued behind a matmul, the same call is timed
+    import time
+    dev = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=dev)
+    big, small = torch.empty_like(a), torch.empty_like(a[:1])
+    torch.mm(a, a, out=big)  # warm: no allocation (a cudaMalloc may synchronise) inside the test's windows
+    torch.mm(a[:1], a, out=small)
+    trial = TR.Trial(["x"], None, lambda best, med: None, TR.CudaClock())
+    torch.cuda.synchronize()
+    trial.next()
+    time.sleep(1e-3)
+    torch.mm(a[:1], a, out=small)
+    TR.end_call()
+    assert trial.waited == {"x": 1} and not trial._inflight
+    for _ in range(4):
+        torch.mm(a, a, out=big)
+    trial.next()
+    torch.mm(a[:1], a, out=small)
+    TR.end_call()
+    torch.cuda.synchronize()
+    assert trial.waited == {"x": 1} and len(trial._inflight) == 1
 
 
 class FakePending:
