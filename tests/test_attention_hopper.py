@@ -132,6 +132,26 @@ def test_the_output_folds_into_rows_of_one_stride_or_is_stored_without_tma():
 
 
 @needs_gluon
+def test_a_descriptor_from_its_template_equals_a_new_one():
+    """descriptor: a second view of the shape class's (dtype, shape, strides, block) is its template with the new
+    tensor, field for field what from_tensor builds; a misaligned tensor still gets from_tensor's error."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    AH._DESC_TEMPLATES.clear()
+    a, b = (torch.empty(6 * 100, 64, dtype=torch.int8) for _ in range(2))
+    da, db = AH.descriptor(a, (64, 64)), AH.descriptor(b, (64, 64))
+    assert len(AH._DESC_TEMPLATES) == 1 and da.base is a and db.base is b
+    ref = TensorDescriptor.from_tensor(b, [64, 64], AH._smem_layout((64, 64), torch.int8))
+    assert type(db) is type(ref) and db.__dict__.keys() == ref.__dict__.keys()
+    assert all((db.__dict__[n] is b) if n == "base" else db.__dict__[n] == ref.__dict__[n] for n in ref.__dict__)
+    assert "base" not in next(iter(AH._DESC_TEMPLATES.values()))[1]  # no tensor kept alive by the cache
+    raw = torch.empty(6 * 100 * 64 + 1, dtype=torch.int8)
+    with pytest.raises(AssertionError, match="16-byte aligned"):
+        AH.descriptor(raw[1:].view(600, 64), (64, 64))
+    AH.descriptor(b.view(300, 128), (64, 128))
+    assert len(AH._DESC_TEMPLATES) == 2
+
+
+@needs_gluon
 @pytest.mark.parametrize("int8", [False, True])
 def test_the_epilogue_without_tma_compiles_without_spills(int8):
     """O_TMA off (an ``out`` that does not fold into rows of one stride): every tile stored from the
