@@ -156,6 +156,16 @@ def launch(kernel, grid, args: tuple, kwargs: dict, plan):
             COUNTERS["plans"] += 1
 
 
+def args_key(args: tuple, kwargs: dict) -> tuple:
+    """A plan key for a launch whose tensors are read only through their pointers, every shape and stride
+    it uses passed as an int argument (the fp8 decode / encode and the fused fp8 linear): each tensor's
+    dtype, device and 16-byte alignment, each other argument's value, and the keyword arguments
+    (constexprs, num_warps, num_stages). What Triton specialises on (a pointer's alignment, an int's
+    divisibility by 16 or being 1) follows from it."""
+    return tuple((a.dtype, a.device.index, a.data_ptr() % 16 == 0) if hasattr(a, "data_ptr") else a
+                 for a in args) + tuple(sorted(kwargs.items()))
+
+
 def clear() -> None:
     with _lock:
         _PLANS.clear()

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 import triton.runtime.errors
 
-from . import tuning
+from . import fast_launch, tuning
 from .arch_probe import dot_has_tensor_cores
 from .device import capability
 from .runtime import OP_NAMESPACE, cdiv, eager_plain, next_pow2, op_exists
@@ -165,7 +165,8 @@ def _launch_cuda(args, consts, M, N, K, device):
         grid = (cdiv(N, bn) * cdiv(M, bm),)
         kw = dict(consts, EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, GROUP=group, num_warps=warps,
                   num_stages=stages)
-        return launch_kernel(w8a16_linear_kernel, grid, *args, warmup=warmup, **kw)
+        plan = None if warmup else fast_launch.args_key(args, kw)  # (kernels/fast_launch.py)
+        return launch_kernel(w8a16_linear_kernel, grid, *args, warmup=warmup, plan=plan, **kw)
 
     cc = capability(device)
     bucket = m_bucket(M)

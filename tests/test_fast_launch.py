@@ -156,6 +156,20 @@ def test_the_installed_triton_is_judged_by_its_version():
     assert ok == ((major, minor) >= (3, 4))
 
 
+def test_an_args_key_names_what_the_launch_specialises_on():
+    """args_key: tensors by dtype, device and 16-byte alignment (not their values or addresses), other
+    arguments by value, keyword arguments in any order."""
+    import torch
+    a, b = torch.zeros(64, dtype=torch.uint8), torch.ones(64, dtype=torch.uint8)
+    k = F.args_key((a, 64, 1), {"BLOCK": 16, "num_warps": 4})
+    assert k == F.args_key((b, 64, 1), {"num_warps": 4, "BLOCK": 16}) and hash(k) == hash(F.args_key((b, 64, 1), {
+        "num_warps": 4, "BLOCK": 16}))
+    assert k != F.args_key((a[1:], 64, 1), {"BLOCK": 16, "num_warps": 4})  # misaligned
+    assert k != F.args_key((a.view(torch.int8), 64, 1), {"BLOCK": 16, "num_warps": 4})
+    assert k != F.args_key((a, 65, 1), {"BLOCK": 16, "num_warps": 4})
+    assert k != F.args_key((a, 64, 1), {"BLOCK": 32, "num_warps": 4})
+
+
 # ----------------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
@@ -224,3 +238,33 @@ def test_attention_calls_launched_directly_match_tritons_path(mode, shape, monke
         assert torch.isfinite(fast).all()
         cos = torch.nn.functional.cosine_similarity(fast.float().flatten(), ref.flatten(), dim=0)
         assert cos > (0.999 if mode == "int8" else 0.9999), (cfg, float(cos))
+
+
+@pytest.mark.gpu
+def test_fp8_decode_and_fused_linear_launch_directly_with_the_same_result(monkeypatch):
+    """The fp8 decode and the fused W8A16 linear key their launches (args_key): a repeat on new tensors of the
+    same kind goes to the launcher directly and gives the same bits as Triton's path on the same inputs."""
+    import torch
+
+    from tritonkit.kernels import fp8 as F8
+    from tritonkit.kernels import fp8_linear as FL
+    F._convention = None
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    w = (torch.randn(384, 256, device="cuda", generator=gen) * 0.1).to(torch.float8_e4m3fn)
+    s = torch.full((1,), 0.37, device="cuda")
+    x = torch.randn(7, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(384, device="cuda", dtype=torch.bfloat16, generator=gen)
+    FL.linear(x, w, b, s)  # its block config tuned first
+    monkeypatch.setenv(F.ENV, "0")  # Triton's path every time
+    slow_d, slow_l = F8.decode(w, torch.bfloat16, s), FL.linear(x, w, b, s)
+    monkeypatch.delenv(F.ENV)
+    F.clear()
+    F8.decode(w, torch.bfloat16, s), FL.linear(x, w, b, s)  # through Triton once more: the plans made
+    w2, x2 = w.clone(), x.clone()
+    before = F.COUNTERS["fast_launches"]
+    fast_d, fast_l = F8.decode(w2, torch.bfloat16, s), FL.linear(x2, w2, b, s)
+    torch.cuda.synchronize()
+    assert F.COUNTERS["fast_launches"] - before == 2
+    assert torch.equal(fast_d, slow_d) and torch.equal(fast_l, slow_l)
+    ref = FL.linear_reference(x.double(), w, b.double(), s).float()
+    assert torch.allclose(fast_l.float(), ref, rtol=2e-2, atol=2e-2)
