@@ -103,6 +103,10 @@ K_MEAN_ROWS = tl.constexpr(64)
 # exact factor, with no division. The attention kernels' BLOCK_N divides V_BLOCK.
 V_BLOCK = attention_hopper.V_BLOCK
 V_EXP_MIN = tl.constexpr(-40)
+# 8-bit mode's score offset, 1.5·2^23, and its fp32 bits: int32 Q·Kᵀ accumulated onto the bits reads
+# as a float of that binade whose last bits are the score (attn_fwd_kernel's QK_OFFSET)
+INT_OFF = tl.constexpr(12582912.0)
+INT_OFF_BITS = tl.constexpr(0x4B400000)
 
 
 @triton.jit
@@ -119,7 +123,7 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, INT8: tl.constexpr,
                     DOT_F32: tl.constexpr, INT64: tl.constexpr, ALIGN8: tl.constexpr = False,
                     PV_MODE: tl.constexpr = 0, USE_TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
-                    Q_TMA: tl.constexpr = False):
+                    Q_TMA: tl.constexpr = False, QK_OFFSET: tl.constexpr = True):
     """One program = BLOCK_M query rows of one (batch, head). 1-D grid, query blocks fastest, so
     the programs of one head run together and share its K/V in L2.
 
@@ -137,7 +141,12 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
     USE_TMA, head sizes that need no padding): the Q tile comes through QD the same way (row
     b·tma_qrb + h·tma_qrh + the block's first row, column h·tma_qch; rows past L_q are not stored).
     A Q tile loaded by TMA stays in shared memory as the MMA's operand instead of taking 64-128
-    registers a thread: the 4-warp configs then run without spilling (sm90, Triton 3.6)."""
+    registers a thread: the 4-warp configs then run without spilling (sm90, Triton 3.6).
+
+    QK_OFFSET (8-bit mode): the int8 Q·Kᵀ accumulates onto INT_OFF's bits, so its int32 scores read as
+    fp32 s + INT_OFF, exactly, with no conversion (|s| < 2^22: int8 of at most 127 over up to 256
+    channels); INT_OFF comes out per row in the softmax's FMA. Without it every score takes an
+    int-to-float conversion (I2FP), as many as the exponentials."""
     PAD_D: tl.constexpr = HEAD_DIM != BLOCK_D
     if ALIGN8:
         # every row start is 16-byte aligned (the launcher checked): rows of e.g. 40 or 80
@@ -226,7 +235,12 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                     k = tl.load(k_ptrs, mask=n_ok[:, None], other=0)
                 else:
                     k = tl.load(k_ptrs)
-                qk = tl.dot(q, tl.trans(k)).to(tl.float32)
+                if QK_OFFSET:
+                    qk = tl.dot(q, tl.trans(k), tl.full([BLOCK_M, BLOCK_N], INT_OFF_BITS, tl.int32),
+                                out_dtype=tl.int32)
+                    qk = qk.to(tl.float32, bitcast=True)
+                else:
+                    qk = tl.dot(q, tl.trans(k)).to(tl.float32)
                 ks = tl.load(KS_base + start_n // BLOCK_N)
                 c = qc * ks
                 c2 = c[:, None]
@@ -246,6 +260,8 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                 c = qc
                 c2 = qc
             if MASK_KIND != 0 or stage == 1:
+                if INT8 and QK_OFFSET:
+                    qk = qk - INT_OFF
                 s = qk * c2
                 if MASK_KIND != 0:
                     m_ptrs = Mask_base + offs_m_o[:, None] * stride_mm + cols_o[None, :] * stride_mn
@@ -264,6 +280,13 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
                 m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
                 p = tl.math.exp2(s - (m_safe - P_LOG2)[:, None])
                 alpha = tl.math.exp2(m_i - m_safe)
+            elif INT8 and QK_OFFSET:
+                # the offset leaves the max exactly; the FMA's row term rounds once, to at most half
+                # an ulp of INT_OFF·c (about 1e-4 of a score unit at attention's scales), a factor
+                # the block's P and its share of the row sum both carry
+                m_ij = tl.maximum(m_i, (tl.max(qk, 1) - INT_OFF) * c)
+                p = tl.math.exp2(qk * c2 - (m_ij - P_LOG2 + INT_OFF * c)[:, None])
+                alpha = tl.math.exp2(m_i - m_ij)
             else:
                 m_ij = tl.maximum(m_i, tl.max(qk, 1) * c)
                 p = tl.math.exp2(qk * c2 - (m_ij - P_LOG2)[:, None])
@@ -1493,7 +1516,7 @@ def _attn_signature(in_ty: str, kv_in_ty: str, mask_ty: str, out_ty: str, tma_bl
     for n in ("stride_qsb", "stride_qsh", "stride_ksb", "stride_ksh"):
         sig[n] = "i32"
     for n in ("HEAD_DIM", "BLOCK_D", "BLOCK_M", "BLOCK_N", "MASK_KIND", "IS_CAUSAL", "INT8", "DOT_F32", "INT64",
-              "ALIGN8", "PV_MODE", "USE_TMA", "WARP_SPEC", "Q_TMA"):
+              "ALIGN8", "PV_MODE", "USE_TMA", "WARP_SPEC", "Q_TMA", "QK_OFFSET"):
         sig[n] = "constexpr"
     return sig
 
@@ -1513,7 +1536,8 @@ def _spec(dtype, int8, head_dim, cfg, archs, mask_kind=0, causal=False, int64=Fa
                           (bm, bd) if q_tma else None)
     consts = {"HEAD_DIM": head_dim, "BLOCK_D": bd, "BLOCK_M": bm, "BLOCK_N": bn,
               "MASK_KIND": mask_kind, "IS_CAUSAL": causal, "INT8": int8, "DOT_F32": False, "INT64": int64,
-              "ALIGN8": align8, "PV_MODE": pv_mode, "USE_TMA": tma, "WARP_SPEC": ws, "Q_TMA": q_tma}
+              "ALIGN8": align8, "PV_MODE": pv_mode, "USE_TMA": tma, "WARP_SPEC": ws, "Q_TMA": q_tma,
+              "QK_OFFSET": True}
     return (attn_fwd_kernel, sig, consts, {"archs": tuple(archs), "num_warps": nw, "num_stages": ns})
 
 

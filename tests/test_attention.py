@@ -245,6 +245,57 @@ def test_emulation_matches_the_int8_kernel():
     assert err < 2e-3, err
 
 
+
+def _int8_call_with_scores(q, k, v, qk_offset, poison, **kw):
+    """8-bit mode with the kernel's int32 scores read through the offset (QK_OFFSET, the default) or
+    converted one by one."""
+    launch, formed = A.launch_kernel, []
+
+    def with_form(kernel, grid, *args, **kwargs):
+        if kwargs.get("INT8") and "PV_MODE" in kwargs:
+            kwargs["QK_OFFSET"] = qk_offset
+            formed.append(qk_offset)
+        return launch(kernel, grid, *args, **kwargs)
+
+    A.launch_kernel = with_form
+    try:
+        out = poison(torch.empty_like(q))
+        A.attention(q, k, v, layout="bhld", mode="int8", config=(32, 32, 4, 1, 0), out=out, **kw)
+    finally:
+        A.launch_kernel = launch
+    assert formed == [qk_offset]  # the attention kernel's one launch took the form
+    return out
+
+
+@pytest.mark.parametrize("case", ["outliers", "extreme", "masked"])
+def test_int8_scores_through_the_offset_equal_the_converted_ones(case, poison):
+    # the int32 Q·Kᵀ accumulated onto 1.5·2^23's bits reads as float score + offset with no conversion; the
+    # largest scores int8 allows (127·127 over 256 channels, either sign) stay in the offset's binade
+    if case == "extreme":
+        D, L = 256, 70
+        q = torch.full((1, 2, 40, D), 3.0, dtype=torch.float16)
+        sign = torch.where(torch.arange(L) % 3 == 0, 1.0, -1.0)
+        k = (2.0 * sign[None, None, :, None]).expand(1, 2, L, D).to(torch.float16).contiguous()
+        v = torch.randn(1, 2, L, D, generator=torch.Generator().manual_seed(4)).to(torch.float16)
+    else:
+        D, L = 64, 83  # a partial last key block: the masked pass's scores too
+        q, k, v = make_8bit_inputs(1, 2, L, D, torch.float16, "outliers", 11)
+    kw = {}
+    if case == "masked":
+        keep = torch.rand(L, L, generator=torch.Generator().manual_seed(2)) > 0.3
+        keep[:, 0] = True
+        kw["mask"] = keep
+    offset = _int8_call_with_scores(q, k, v, True, poison, **kw)
+    converted = _int8_call_with_scores(q, k, v, False, poison, **kw)
+    ref = A.attention_reference(q, k, v, layout="bhld", **kw)
+    for out in (offset, converted):
+        g, rows, finite, n = cos_stats(out, ref)
+        assert finite and g >= EIGHT_BIT_GOAL[0] and rows >= EIGHT_BIT_GOAL[1] and abs(n - 1) < NORM_TOL, \
+            (case, g, rows, n)
+    # the two forms differ only by the rounding of the offset's row term in the softmax's FMA
+    diff = (offset.double() - converted.double()).abs().max().item()
+    assert diff <= 1e-3 * ref.double().abs().max().item(), diff
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_f16acc_pv_variant(dtype, poison):
     # opt-in fp16-accumulate P·V (GeForce Ampere/Ada run it at twice the fp32-accumulate rate)
