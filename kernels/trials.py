@@ -28,9 +28,10 @@ call's launches were done, the window holds host time, and the timing is set asi
 8-bit shape (``.device/p44a.py``, 2026-11-28) a playoff that began in bench/attention.py's back-to-back
 warm-up calls timed its first finalists' turns at 413-430 µs against 204-257 µs between GEMMs, and picked
 a form 6 % slower (bench/attention.py now runs its playoff between GEMMs from the start). A finalist
-short of MIN_VALID timings after the schedule gets the schedule once more; short after that (a
-host-bound model: the GPU waits for the host in every call anyway), the provisional config, the fastest
-alone, stays.
+short of MIN_VALID timings after the schedule gets the schedule once more, where any timing so far was
+valid; where none was (a host-bound model: the GPU waits for the host in every call anyway), or a finalist
+is short after the repeat, the provisional config, the fastest alone, stays. (Repeated for a host-bound
+key, the schedule of a small call, 32-call turns, outlasted a test's 400 calls: H200, 2026-11-28.)
 
 A call made while a CUDA graph is captured, or inside a preparing run (kernels/prepare.py: launches
 only compile), runs the provisional config untimed. ``TRITONKIT_PLAYOFF_IN_MODEL=0`` keeps the bursts.
@@ -163,7 +164,7 @@ class Trial:
     def _next_call(self):
         """(config, timed) of the schedule's next call, a lost finalist's turns skipped; None once the
         schedule is done (run once more where a finalist is short of MIN_VALID timings)."""
-        if self._done() and not self._repeated and self._short():
+        if self._done() and not self._repeated and self._short() and self._any_valid():
             self._repeated = True
             self._schedule = self._schedule * 2
         while not self._done():
@@ -182,6 +183,10 @@ class Trial:
         for c, _, _ in self._inflight:
             have[c] += 1
         return [c for c in self.finalists if self._lost[c] < MAX_LOST and have[c] < MIN_VALID]
+
+    def _any_valid(self) -> bool:
+        """Whether any timing so far was one the GPU did not wait for the host in (read or in flight)."""
+        return bool(self._inflight) or any(self.samples.values())
 
     def _lose(self, c) -> None:
         with self._lock:

@@ -121,15 +121,30 @@ def test_timings_the_gpu_waited_for_the_host_in_are_set_aside():
 
 
 def test_a_host_bound_model_keeps_the_fastest_alone():
-    # every call's window holds host time: after the schedule and its repeat, the provisional pick stays
+    # every call's window holds host time: no timing was valid, so the schedule is not repeated and the
+    # provisional pick stays
     clock = FakeClock({A: 10.0, B: 9.0})
     clock.waiting = True
     settled = []
     trial = TR.Trial([A, B], None, lambda best, med: settled.append((best, med)), clock)
-    runs = [model_call(trial, clock) for _ in range(4 * TR.SAMPLES + 1)]
-    assert runs == [A, B] * 2 * TR.SAMPLES + [A] and settled == [(A, {})] and trial.fell_back
-    assert clock.marks == 4 * TR.SAMPLES  # start marks only: no end marked for a window set aside
-    assert trial.waited == {A: 2 * TR.SAMPLES, B: 2 * TR.SAMPLES}
+    runs = [model_call(trial, clock) for _ in range(2 * TR.SAMPLES + 1)]
+    assert runs == [A, B] * TR.SAMPLES + [A] and settled == [(A, {})] and trial.fell_back
+    assert clock.marks == 2 * TR.SAMPLES  # start marks only: no end marked for a window set aside
+    assert trial.waited == {A: TR.SAMPLES, B: TR.SAMPLES}
+
+
+def test_a_finalist_short_after_the_repeat_leaves_the_fastest_alone():
+    # the GPU led in A's first calls only: the schedule runs once more (a timing was valid), B stays short of
+    # MIN_VALID, and the provisional pick stays
+    clock = FakeClock({A: 10.0, B: 9.0})
+    settled = []
+    trial = TR.Trial([A, B], None, lambda best, med: settled.append((best, med)), clock)
+    runs = []
+    for i in range(4 * TR.SAMPLES + 1):
+        clock.waiting = i != 0
+        runs.append(model_call(trial, clock))
+    assert runs == [A, B] * 2 * TR.SAMPLES + [A] and settled == [(A, {A: 10.0})] and trial.fell_back
+    assert trial.waited == {A: 2 * TR.SAMPLES - 1, B: 2 * TR.SAMPLES}
 
 
 @pytest.mark.parametrize("stretch", [1, 4])
