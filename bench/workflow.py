@@ -904,7 +904,9 @@ def idle_gaps(kernels: list, host: list, top: int = 10) -> dict:
                                   sorted(d.items(), key=lambda kv: -kv[1])[:6]]} for g, pn, nn, d in rows[:top]]}
 
 
-def _kernel_time(call, top: int = 8):
+def _kernel_time(call, kernels: int = 20):
+    """``call()`` under torch's profiler: the GPU's busy and idle time, the ``kernels`` kernels (by name) with the
+    most time, the idle gaps (:func:`idle_gaps`)."""
     from torch.profiler import ProfilerActivity, profile
     t0 = time.perf_counter()
     try:
@@ -916,19 +918,18 @@ def _kernel_time(call, top: int = 8):
         return call(), {"error": f"{type(e).__name__}: {e}"[:300]}
     wall_ms = (time.perf_counter() - t0) * 1e3
     try:
-        kernels = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        busy = sum(e.time_range.end - e.time_range.start for e in kernels) / 1e3
-        span = (max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)) / 1e3 \
-            if kernels else 0.0
+        ks = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy = sum(e.time_range.end - e.time_range.start for e in ks) / 1e3
+        span = (max(e.time_range.end for e in ks) - min(e.time_range.start for e in ks)) / 1e3 if ks else 0.0
         by_name: dict = {}
-        for e in kernels:
+        for e in ks:
             by_name[e.name[:70]] = by_name.get(e.name[:70], 0.0) + (e.time_range.end - e.time_range.start) / 1e3
-        rec = {"wall_ms": round(wall_ms, 2), "kernels": len(kernels), "kernel_ms": round(busy, 2),
+        rec = {"wall_ms": round(wall_ms, 2), "kernels": len(ks), "kernel_ms": round(busy, 2),
                "span_ms": round(span, 2), "gpu_idle_in_span_ms": round(span - busy, 2),
-               "top": [[n, round(ms, 2)] for n, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]]}
+               "top": [[n, round(ms, 2)] for n, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:kernels]]}
         host = [(e.time_range.start, e.time_range.end, e.name) for e in p.events()
                 if e.device_type == torch.autograd.DeviceType.CPU]
-        rec["gaps"] = idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in kernels], host)
+        rec["gaps"] = idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in ks], host)
     except Exception as e:  # noqa: BLE001
         rec = {"wall_ms": round(wall_ms, 2), "error": f"{type(e).__name__}: {e}"[:300]}
     return out, rec
