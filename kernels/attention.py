@@ -44,6 +44,7 @@ traceable, and Inductor has nothing to fuse into an attention kernel anyway).
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 import os
@@ -333,6 +334,19 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m_o[:, None] * stride_ol + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
+
+# Triton < 3.4 (torch 2.7's 3.3) has no ``warp_specialize`` in tl.range: the keyword made every attention kernel fail
+# to compile there, so the node served no call. The request is dropped from the kernel's source for such a Triton
+# (WARP_SPEC comes only with TMA loads, which a Triton without tensor descriptors gets no candidates for).
+WARP_SPEC_ARG = ", warp_specialize=WARP_SPEC and stage == 0"
+
+
+def range_warp_specializes() -> bool:
+    return "warp_specialize" in inspect.signature(tl.range.__init__).parameters
+
+
+if not range_warp_specializes() and hasattr(attn_fwd_kernel, "_unsafe_update_src"):
+    attn_fwd_kernel._unsafe_update_src(attn_fwd_kernel.src.replace(WARP_SPEC_ARG, ""))
 
 
 @triton.jit

@@ -4,10 +4,12 @@ torch.compile; cross-compilation of every configuration for every arch; the same
 at real sizes (gpu marker)."""
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
 import torch
+import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -628,6 +630,14 @@ def test_prepass_writes_the_fp8_v_copy_with_vector_stores(cc, head, perm):
     aligned = [n for n in sig if sig[n].startswith("*")] + [f"stride_{t}{d}" for t in "qkv" for d in "bhl"]
     ptx = compile_for(kernel, sig, consts, cc, 4, 1, divisible=tuple(aligned)).asm["ptx"]
     assert "st.global.v4.b32" in ptx and "st.global.b8" not in ptx
+
+
+def test_the_warp_specialize_request_is_dropped_only_where_tl_range_lacks_it():
+    # Triton < 3.4 has no tl.range(warp_specialize=...): the kernel's source loses the request there
+    # (tests/test_triton_versions.py compiles it with Triton 3.3); a newer Triton keeps it, once
+    want = 1 if A.range_warp_specializes() else 0
+    assert want == ("warp_specialize" in inspect.signature(tl.range.__init__).parameters)
+    assert A.attn_fwd_kernel.src.count(A.WARP_SPEC_ARG) == want
 
 
 def test_every_arch_has_specs():
