@@ -67,6 +67,7 @@ form and config against SDPA's cuDNN and FA2 backends.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import torch
@@ -146,14 +147,17 @@ def candidates(head_dim: int, ws: bool = False) -> list:
 
 @functools.lru_cache(maxsize=None)
 def gluon_available() -> bool:
-    """The installed Triton has Gluon's Hopper API (Triton 3.5+)."""
+    """The installed Triton has the Gluon API these kernels are written against (Triton 3.6+): Hopper's
+    host-side descriptor and ``gl.warp_specialize`` taking (function, args) pairs. Triton 3.5's Gluon has
+    the older ``warp_specialize(default_args, default_partition, worker_args, ...)``, which every
+    warp-specialised form failed to compile against (tests/triton_versions.py)."""
     if gl is None:
         return False
     try:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
-    except Exception:  # noqa: BLE001 - a build lacking the host-side descriptor
+        return "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
+    except Exception:  # noqa: BLE001 - a build lacking the host-side descriptor or warp_specialize
         return False
-    return True
 
 
 def eligible(cc, dtype, head_dim: int, masked: bool, causal: bool) -> bool:
