@@ -7,6 +7,10 @@
 #   .comfyui-0.8.0-site/  what 0.8.0 needs beyond the venv (comfy-kitchen, its frontend and templates),
 #                         pinned in scripts/comfyui-0.8.0-requirements.txt; put first on PYTHONPATH when
 #                         that tree is used (scripts/dev.sh does)
+#   .triton-versions/<v>/ the Triton releases current torch releases pin (TK_TRITON_VERSIONS, default
+#                         "3.3.1 3.4.0 3.5.1 3.6.0": torch 2.7, 2.8, 2.9, 2.10-2.11), each alone (pip --target,
+#                         no torch): tests/test_triton_versions.py cross-compiles the pack's kernels with each
+#                         ("none" skips them; a failed download is reported and that version's test skips)
 # Re-running it only fills in what is missing. TK_VENV / TK_COMFYUI override the first two locations,
 # TK_COMFYUI_080 / TK_COMFYUI_080_SITE the 0.8.0 ones, TK_COMFYUI_080_TARBALL the tarball.
 set -euo pipefail
@@ -108,4 +112,18 @@ if [ "$(cat "$site8/.tritonkit-pins" 2>/dev/null)" != "$want_site" ]; then
   echo "$want_site" > "$site8.partial/.tritonkit-pins"
   rm -rf "$site8"; mv "$site8.partial" "$site8"
 fi
+tv_dir="${TK_TRITON_VERSIONS_DIR:-$root/.triton-versions}"
+for v in ${TK_TRITON_VERSIONS:-3.3.1 3.4.0 3.5.1 3.6.0}; do
+  [ "$v" = "none" ] && break
+  if [ ! -f "$tv_dir/$v/triton/__init__.py" ]; then
+    log "installing Triton $v into $tv_dir/$v (cross-compile checks)"
+    rm -rf "$tv_dir/$v.partial"
+    if "$venv/bin/python" -m pip install -q --no-deps --target "$tv_dir/$v.partial" "triton==$v"; then
+      rm -rf "$tv_dir/$v"; mv "$tv_dir/$v.partial" "$tv_dir/$v"
+    else
+      rm -rf "$tv_dir/$v.partial"
+      log "WARNING: could not install triton==$v; tests/test_triton_versions.py skips it"
+    fi
+  fi
+done
 log "ready: venv=$venv comfyui=$app comfyui-0.8.0=$app8 (packages: $site8)"
