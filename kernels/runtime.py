@@ -88,9 +88,14 @@ def interpreter_index_shim() -> bool:
         data = self.handle.data
         return int(data.reshape(-1)[0]) if getattr(data, "size", 0) == 1 else int(data)
 
-    def patched(tensor, scope):
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", _index)
+    def patched(tensor, *scope):
+        # Triton 3.6+ passes a patch scope (its set_attr is undone after the launch); 3.5 and older patch
+        # the class directly
+        orig(tensor, *scope)
+        if scope:
+            scope[0].set_attr(tensor, "__index__", _index)
+        else:
+            tensor.__index__ = _index
 
     patched._tritonkit_index = True
     ti._patch_lang_tensor = patched

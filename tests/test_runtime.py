@@ -81,3 +81,37 @@ def test_interpreter_index_shim_takes_one_element_arrays(monkeypatch):
         assert not hasattr(Tensor, "__index__")
     finally:
         R.interpreter_index_shim.cache_clear()
+
+
+def test_interpreter_index_shim_on_the_one_argument_hook_of_triton_3_5_and_older(monkeypatch):
+    """Triton 3.3-3.5's ``_patch_lang_tensor(tensor)`` sets the class's attributes itself (no patch scope): the
+    shim wraps it the same way (it raised a TypeError on every interpreted launch with Triton 3.3, torch 2.7's)."""
+    import operator
+
+    import numpy as np
+    import pytest
+    ti = pytest.importorskip("triton.runtime.interpreter")
+    if not hasattr(ti, "_patch_lang_tensor"):
+        pytest.skip("this Triton's interpreter has no _patch_lang_tensor hook")
+    from tritonkit.kernels import runtime as R
+
+    def before_36(tensor):  # what Triton 3.3-3.5 do
+        tensor.__index__ = lambda self: int(self.handle.data)
+    monkeypatch.setattr(ti, "_patch_lang_tensor", before_36)
+    R.interpreter_index_shim.cache_clear()
+    try:
+        assert R.interpreter_index_shim()
+
+        class Handle:
+            def __init__(self, data):
+                self.data = data
+
+        class Tensor:
+            def __init__(self, data):
+                self.handle = Handle(data)
+
+        ti._patch_lang_tensor(Tensor)
+        for data, want in ((np.array([7], dtype=np.int32), 7), (np.array(5, dtype=np.int64), 5)):
+            assert operator.index(Tensor(data)) == want
+    finally:
+        R.interpreter_index_shim.cache_clear()

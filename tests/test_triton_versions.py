@@ -37,6 +37,7 @@ def test_the_kernels_compile_with_this_triton(version):
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["triton"] == version and str(DIR / version) in res["triton_file"], res["triton_file"]
     assert not res["failed"], json.dumps(res["failed"], indent=1)[:6000]
+    assert not res["interpreted_failed"], res["interpreted_failed"]
     assert res["compiled"] > 60, res
     # what the pack offers follows the Triton: tensor descriptors from 3.4, its Gluon kernels from 3.6
     assert res["tensor_descriptors"] == (_minor(version) >= (3, 4)), res

@@ -4,8 +4,9 @@ Run by tests/test_triton_versions.py once per Triton of ``.triton-versions/<v>``
 PYTHONPATH, the venv's torch beside it): every compile spec of kernels/attention.py (the TMA ones only where
 this Triton has tensor descriptors), kernels/fp8.py, kernels/fp8_linear.py, kernels/vector_add.py, and
 kernels/attention_hopper.py's Gluon forms (each form's first candidate, both head sizes) where
-``gluon_available()``, each down to the cubin for each of its archs. Prints one JSON line:
-{"triton", "compiled", "failed": [[what, cc, error]], "skipped": [[what, cc, why]], "gluon", "tensor_descriptors"}.
+``gluon_available()``, each down to the cubin for each of its archs; then each kernel family once through
+Triton's interpreter (the CPU path). Prints one JSON line: {"triton", "compiled", "failed": [[what, cc, error]],
+"skipped": [[what, cc, why]], "interpreted_failed": [[what, error]], "gluon", "tensor_descriptors"}.
 
     PYTHONPATH=.triton-versions/3.3.1 .venv/bin/python tests/triton_versions.py
 """
@@ -96,6 +97,35 @@ def compile_job(job):
         return f"{type(e).__name__}: {' | '.join(lines[-4:])}"[:600]
 
 
+def interpreted() -> list:
+    """The CPU path (Triton's interpreter, as the self-test and CPU-only machines run the kernels): each kernel
+    family once on small inputs against its torch reference; [what, error] for each that fails."""
+    torch.manual_seed(0)
+    x, y = torch.randn(1000), torch.randn(1000)
+    w = (torch.randn(64, 48) * 0.1).to(torch.float8_e4m3fn)
+    a = torch.randn(5, 48)
+    q, k, v = (torch.randn(1, 2, 40, 64) for _ in range(3))
+    ref = A.attention_reference(q, k, v, layout="bhld")
+    checks = {
+        "vector_add": lambda: torch.allclose(vector_add.add(x, y), x + y),
+        "fp8 decode": lambda: torch.equal(fp8.decode(w, torch.float32), w.float()),
+        "fp8 fused linear": lambda: torch.allclose(fp8_linear.linear(a, w), a @ w.float().t(), atol=1e-4),
+        "attention exact": lambda: bool((A.attention(q, k, v, layout="bhld", config=(32, 32, 4, 1)) - ref)
+                                        .abs().max() < 1e-4),
+        "attention 8-bit": lambda: torch.nn.functional.cosine_similarity(
+            A.attention(q, k, v, layout="bhld", mode="int8", config=(32, 32, 4, 1)).flatten(), ref.flatten(),
+            dim=0) > 0.999,
+    }
+    out = []
+    for what, check in checks.items():
+        try:
+            if not check():
+                out.append([what, "wrong result"])
+        except Exception as e:  # noqa: BLE001 - reported
+            out.append([what, f"{type(e).__name__}: {e}"[:400]])
+    return out
+
+
 def main() -> int:
     todo, skipped = [], []
     for job in jobs():
@@ -112,7 +142,8 @@ def main() -> int:
         errors = [compile_job(j) for j in todo]
     failed = [[job[0], job[3], err] for job, err in zip(todo, errors) if err]
     print(json.dumps({"triton": triton.__version__, "triton_file": triton.__file__, "compiled": len(todo) - len(failed),
-                      "failed": failed, "skipped": skipped, "gluon": AH.gluon_available(),
+                      "failed": failed, "skipped": skipped, "interpreted_failed": interpreted(),
+                      "gluon": AH.gluon_available(),
                       "tensor_descriptors": A.tensor_descriptors_available()}))
     return 0
 
