@@ -335,7 +335,7 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-# Triton < 3.4 (torch 2.7's 3.3) has no ``warp_specialize`` in tl.range: the keyword made every attention kernel fail
+# Triton < 3.4 (torch 2.7's 3.3, 2.6's 3.2) has no ``warp_specialize`` in tl.range: the keyword made every attention kernel fail
 # to compile there, so the node served no call. The request is dropped from the kernel's source for such a Triton
 # (WARP_SPEC comes only with TMA loads, which a Triton without tensor descriptors gets no candidates for).
 WARP_SPEC_ARG = ", warp_specialize=WARP_SPEC and stage == 0"
@@ -345,8 +345,11 @@ def range_warp_specializes() -> bool:
     return "warp_specialize" in inspect.signature(tl.range.__init__).parameters
 
 
-if not range_warp_specializes() and hasattr(attn_fwd_kernel, "_unsafe_update_src"):
-    attn_fwd_kernel._unsafe_update_src(attn_fwd_kernel.src.replace(WARP_SPEC_ARG, ""))
+if not range_warp_specializes():
+    if hasattr(attn_fwd_kernel, "_unsafe_update_src"):  # Triton 3.3 refuses a plain assignment
+        attn_fwd_kernel._unsafe_update_src(attn_fwd_kernel.src.replace(WARP_SPEC_ARG, ""))
+    else:  # Triton 3.2 and older: assigning .src resets the kernel's hash
+        attn_fwd_kernel.src = attn_fwd_kernel.src.replace(WARP_SPEC_ARG, "")
 
 
 @triton.jit

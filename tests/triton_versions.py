@@ -30,7 +30,8 @@ from tritonkit.kernels import fp8, fp8_linear, vector_add  # noqa: E402
 
 # (Triton minor, arch) pairs this Triton cannot compile for, whatever the kernel: the pack's kernels fall back
 # there as on any compile error
-KNOWN = {((3, 3), 75): "Triton 3.3 dropped Turing (its MMA lowering fails on sm75; installer/triton_pkg.py)"}
+KNOWN = {((3, 3), 75): "Triton 3.3 dropped Turing (its MMA lowering fails on sm75; installer/triton_pkg.py)",
+         ((3, 2), 120): "Triton 3.2 predates sm120 (its MMA lowering asserts and aborts the process)"}
 
 
 def triton_minor() -> tuple:
