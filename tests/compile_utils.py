@@ -62,3 +62,16 @@ def spill_bytes(compiled, cc: int):
     if r.returncode != 0 or m is None:
         raise RuntimeError(f"ptxas -v for {target} failed: {out[-500:]}")
     return int(m.group(1))
+
+
+def map_in_processes(fn, jobs: list) -> list:
+    """``[fn(job) for job in jobs]`` in a pool of one forked process per core where there are several (each
+    compile is seconds of LLVM + ptxas); ``fn`` must be a module-level function."""
+    import multiprocessing
+    import os
+
+    n = max(1, min(len(jobs), os.cpu_count() or 1))
+    if n > 1 and "fork" in multiprocessing.get_all_start_methods():
+        with multiprocessing.get_context("fork").Pool(n) as pool:
+            return pool.map(fn, jobs, chunksize=1)
+    return [fn(job) for job in jobs]

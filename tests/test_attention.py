@@ -13,7 +13,7 @@ import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compile_utils import ARCHS, compile_for
+from compile_utils import ARCHS, compile_for, map_in_processes
 from tritonkit.kernels import attention as A
 
 # additive masks of -finfo.max overflow to -inf once scaled by log2(e): intended, and silent on GPUs
@@ -580,16 +580,8 @@ def _compile_one(job):
 def test_compiles_for_every_arch():
     """Every COMPILE_SPECS entry for each of its archs, down to the cubin (ptxas included), in a
     pool of one process per core (each compile is seconds of LLVM + ptxas)."""
-    import multiprocessing
-    import os
-
     jobs = [(i, cc) for i, spec in enumerate(A.COMPILE_SPECS) for cc in spec[3]["archs"]]
-    n = max(1, min(len(jobs), os.cpu_count() or 1))
-    if n > 1 and "fork" in multiprocessing.get_all_start_methods():
-        with multiprocessing.get_context("fork").Pool(n) as pool:
-            results = pool.map(_compile_one, jobs, chunksize=1)
-    else:
-        results = [_compile_one(j) for j in jobs]
+    results = map_in_processes(_compile_one, jobs)
     failed = [(i, cc, err) for i, cc, err, *_ in results if err]
     assert not failed, failed
     for i, cc, _, cubin_len, has_arch, wgmma, fp8_mma, tma in results:

@@ -41,6 +41,18 @@ def test_interpreted_launches_from_several_threads_are_serialized():
     assert results == [True] * 4
 
 
+def _fake_interpreter_tensor():
+    """A class shaped like the interpreter's tensor (``.handle.data``, a NumPy array), for its hook to patch."""
+    class Handle:
+        def __init__(self, data):
+            self.data = data
+
+    class Tensor:
+        def __init__(self, data):
+            self.handle = Handle(data)
+    return Tensor
+
+
 def test_interpreter_index_shim_takes_one_element_arrays(monkeypatch):
     """Triton < 3.8's interpreter converts a tensor to an int with ``int(array)``, which NumPy 2.4
     refuses for a one-element array of one dimension (every kernel with an in-kernel loop bound failed
@@ -63,13 +75,7 @@ def test_interpreter_index_shim_takes_one_element_arrays(monkeypatch):
         assert R.interpreter_index_shim()
         assert R.interpreter_index_shim()  # once
 
-        class Handle:
-            def __init__(self, data):
-                self.data = data
-
-        class Tensor:
-            def __init__(self, data):
-                self.handle = Handle(data)
+        Tensor = _fake_interpreter_tensor()
 
         scope = ti._LangPatchScope()
         ti._patch_lang_tensor(Tensor, scope)
@@ -102,13 +108,7 @@ def test_interpreter_index_shim_on_the_one_argument_hook_of_triton_3_5_and_older
     try:
         assert R.interpreter_index_shim()
 
-        class Handle:
-            def __init__(self, data):
-                self.data = data
-
-        class Tensor:
-            def __init__(self, data):
-                self.handle = Handle(data)
+        Tensor = _fake_interpreter_tensor()
 
         ti._patch_lang_tensor(Tensor)
         for data, want in ((np.array([7], dtype=np.int32), 7), (np.array(5, dtype=np.int64), 5)):

@@ -13,8 +13,6 @@ Triton's interpreter (the CPU path). Prints one JSON line: {"triton", "compiled"
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 import sys
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import conftest  # noqa: E402,F401  (imports the pack as ``tritonkit``)
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from compile_utils import compile_for  # noqa: E402
+from compile_utils import compile_for, map_in_processes  # noqa: E402
 from tritonkit.kernels import attention as A  # noqa: E402
 from tritonkit.kernels import attention_hopper as AH  # noqa: E402
 from tritonkit.kernels import fp8, fp8_linear, vector_add  # noqa: E402
@@ -135,12 +133,7 @@ def main() -> int:
             skipped.append([job[0], job[3], why])
         else:
             todo.append(job)
-    n = max(1, min(len(todo), os.cpu_count() or 1))
-    if n > 1 and "fork" in multiprocessing.get_all_start_methods():
-        with multiprocessing.get_context("fork").Pool(n) as pool:
-            errors = pool.map(compile_job, todo, chunksize=1)
-    else:
-        errors = [compile_job(j) for j in todo]
+    errors = map_in_processes(compile_job, todo)
     failed = [[job[0], job[3], err] for job, err in zip(todo, errors) if err]
     print(json.dumps({"triton": triton.__version__, "triton_file": triton.__file__, "compiled": len(todo) - len(failed),
                       "failed": failed, "skipped": skipped, "interpreted_failed": interpreted(),
