@@ -137,9 +137,9 @@ def main() -> int:
                         continue
                     regs, spill = ptxas_usage(k)
                     m = mix(key_loop(k))
-                    print(f"| sm{cc} | {form} | {cfg} | {'–' if off is None else ('on' if off else 'off')} | {regs} | "
-                          f"{spill} | {m['instrs']} | {m['ex2']} | {m['i2f']} | {m['mma']} | {m['ldg']} | "
-                          f"{m['ldgsts']} | {m['ldl']} |", flush=True)
+                    shown = "–" if off is None else ("on" if off else "off")
+                    print(f"| sm{cc} | {form} | {cfg} | {shown} | {regs} | {spill} | {m['instrs']} | {m['ex2']} | "
+                          f"{m['i2f']} | {m['mma']} | {m['ldg']} | {m['ldgsts']} | {m['ldl']} |", flush=True)
     return 0
 
 

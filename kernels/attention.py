@@ -335,9 +335,9 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-# Triton < 3.4 (torch 2.7's 3.3, 2.6's 3.2) has no ``warp_specialize`` in tl.range: the keyword made every attention kernel fail
-# to compile there, so the node served no call. The request is dropped from the kernel's source for such a Triton
-# (WARP_SPEC comes only with TMA loads, which a Triton without tensor descriptors gets no candidates for).
+# Triton < 3.4 (torch 2.7's 3.3, 2.6's 3.2) has no ``warp_specialize`` in tl.range: the keyword made every attention
+# kernel fail to compile there, so the node served no call. The request is dropped from the kernel's source for such
+# a Triton (WARP_SPEC comes only with TMA loads, which a Triton without tensor descriptors gets no candidates for).
 WARP_SPEC_ARG = ", warp_specialize=WARP_SPEC and stage == 0"
 
 
