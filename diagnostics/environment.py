@@ -77,15 +77,24 @@ def _minor(version: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+# torch minor -> the Triton minor it is built against: seed 001's table to 2.9, then what torch's Linux wheels
+# require (the pip index's metadata, 2026-11-28: 2.10 and 2.11 triton==3.6.0, 2.12 3.7.0, 2.13 3.7.1, 2.14 ~=3.8.0).
+# Seed 001's "one Triton minor per torch minor" stopped at 2.10; continued, it sent torch 2.11-2.14 on Windows
+# (whose wheels declare no Triton) to triton-windows 3.7-3.10.
+TORCH_TRITON = {4: (3, 1), 5: (3, 1), 6: (3, 2), 7: (3, 3), 8: (3, 4), 9: (3, 5), 10: (3, 6), 11: (3, 6),
+                12: (3, 7), 13: (3, 7), 14: (3, 8)}
+
+
 def triton_for_torch(torch_version: str) -> tuple[int, int] | None:
-    """The Triton minor version that a torch minor version is built against (seed 001's table,
-    continued by its rule: 2.6 -> 3.2 and one Triton minor per torch minor). None for torch <= 2.3."""
+    """The Triton minor version that a torch minor version is built against (TORCH_TRITON). A torch newer
+    than the table is a guess: the cadence since 2.10, one Triton minor per two torch minors (torch's own
+    metadata, where it declares one, beats this: torch_declared_triton). None for torch <= 2.3."""
     tv = _minor(torch_version)
     if tv is None or tv[0] != 2 or tv[1] <= 3:
         return None
-    if tv[1] in (4, 5):
-        return (3, 1)
-    return (3, tv[1] - 4)
+    if tv[1] in TORCH_TRITON:
+        return TORCH_TRITON[tv[1]]
+    return (3, 6 + (tv[1] - 10) // 2)
 
 
 def torch_declared_triton(requires: list[str] | None = None) -> tuple[int, int] | None:

@@ -1,7 +1,8 @@
 """Step 4: the Triton package that matches torch, installed with the same Python.
 
-Windows: ``triton-windows`` bounded to torch's Triton minor (seed 001's table: torch 2.4-2.5 ->
-3.1, 2.6 -> 3.2, ... one Triton minor per torch minor), installed with ``python -m pip`` (``-s`` for
+Windows: ``triton-windows`` bounded to torch's Triton minor (diagnostics/environment.py's TORCH_TRITON:
+torch 2.4-2.5 -> 3.1, 2.6 -> 3.2, ... 2.9 -> 3.5, 2.10-2.11 -> 3.6, 2.12-2.13 -> 3.7, 2.14 -> 3.8; Windows
+wheels declare none), installed with ``python -m pip`` (``-s`` for
 an embedded Python), after uninstalling a plain ``triton`` that would shadow it. Linux: check that
 the ``triton`` torch requires is there. Refuses torch <= 2.3 and GPUs below sm75."""
 from __future__ import annotations

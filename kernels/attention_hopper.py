@@ -75,7 +75,7 @@ import triton.language as tl
 
 from . import attention_streamk as SK
 
-try:  # Gluon's Hopper API (Triton 3.5+); the kernels are defined on first use (_build)
+try:  # Gluon's Hopper API (Triton 3.5+; gluon_available() wants 3.6's); the kernels are defined on first use (_build)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
