@@ -87,14 +87,16 @@ TORCH_TRITON = {4: (3, 1), 5: (3, 1), 6: (3, 2), 7: (3, 3), 8: (3, 4), 9: (3, 5)
 
 def triton_for_torch(torch_version: str) -> tuple[int, int] | None:
     """The Triton minor version that a torch minor version is built against (TORCH_TRITON). A torch newer
-    than the table is a guess: the cadence since 2.10, one Triton minor per two torch minors (torch's own
-    metadata, where it declares one, beats this: torch_declared_triton). None for torch <= 2.3."""
+    than the table is a guess, one Triton minor per torch minor after 2.14 (PyPI had triton 3.9.0 beside
+    torch 2.15.0, whose metadata the index did not resolve); torch's own metadata, where it declares one,
+    beats this (torch_declared_triton). None for torch <= 2.3."""
     tv = _minor(torch_version)
     if tv is None or tv[0] != 2 or tv[1] <= 3:
         return None
     if tv[1] in TORCH_TRITON:
         return TORCH_TRITON[tv[1]]
-    return (3, 6 + (tv[1] - 10) // 2)
+    last = max(TORCH_TRITON)
+    return (3, TORCH_TRITON[last][1] + tv[1] - last)
 
 
 def torch_declared_triton(requires: list[str] | None = None) -> tuple[int, int] | None:
