@@ -8,7 +8,8 @@
 #                         pinned in scripts/comfyui-0.8.0-requirements.txt; put first on PYTHONPATH when
 #                         that tree is used (scripts/dev.sh does)
 #   .triton-versions/<v>/ the Triton releases current torch releases pin (TK_TRITON_VERSIONS, default
-#                         "3.2.0 3.3.1 3.4.0 3.5.1 3.6.0": torch 2.6, 2.7, 2.8, 2.9, 2.10-2.11), each alone (pip --target,
+#                         "3.2.0 3.3.1 3.4.0 3.5.1 3.6.0 3.7.1": torch 2.6, 2.7, 2.8, 2.9, 2.10-2.11, 2.12-2.13),
+#                         each alone (pip --target,
 #                         no torch): tests/test_triton_versions.py cross-compiles the pack's kernels with each
 #                         ("none" skips them; a failed download is reported and that version's test skips)
 # Re-running it only fills in what is missing. TK_VENV / TK_COMFYUI override the first two locations,
@@ -113,7 +114,7 @@ if [ "$(cat "$site8/.tritonkit-pins" 2>/dev/null)" != "$want_site" ]; then
   rm -rf "$site8"; mv "$site8.partial" "$site8"
 fi
 tv_dir="${TK_TRITON_VERSIONS_DIR:-$root/.triton-versions}"
-for v in ${TK_TRITON_VERSIONS:-3.2.0 3.3.1 3.4.0 3.5.1 3.6.0}; do
+for v in ${TK_TRITON_VERSIONS:-3.2.0 3.3.1 3.4.0 3.5.1 3.6.0 3.7.1}; do
   [ "$v" = "none" ] && break
   if [ ! -f "$tv_dir/$v/triton/__init__.py" ]; then
     log "installing Triton $v into $tv_dir/$v (cross-compile checks)"

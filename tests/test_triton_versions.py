@@ -1,7 +1,7 @@
 """The pack's kernels compile with every Triton that a current torch release pins, not only the venv's.
 
 Users run the Triton their torch pins (install.py matches it): torch 2.6 takes Triton 3.2, 2.7 3.3, 2.8 3.4,
-2.9 3.5, 2.10-2.11 3.6, while this venv has one. A kernel written against the newest Triton broke on older ones twice:
+2.9 3.5, 2.10-2.11 3.6, 2.12-2.13 3.7, while this venv has one (3.8, torch 2.14). A kernel written against the newest Triton broke on older ones twice:
 ``tl.range(warp_specialize=...)`` (3.4+) made every attention kernel fail on Triton 3.3, and an int8 ``tl.dot``
 with an int32 accumulator needs ``out_dtype`` on 3.6 (seen on an H200, 2026-11-28). scripts/setup_env.sh puts
 each of TK_TRITON_VERSIONS into .triton-versions/<v>; tests/triton_versions.py compiles everything the pack would
