@@ -24,8 +24,6 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 REPO = Path(__file__).resolve().parents[1]
 if "tritonkit" not in sys.modules:
@@ -34,39 +32,21 @@ if "tritonkit" not in sys.modules:
     sys.modules["tritonkit"] = _pkg
 from tritonkit.kernels import attention as A  # noqa: E402
 
+sys.path.insert(0, str(REPO / "tests"))
+from compile_utils import compile_for, ptxas_usage  # noqa: E402  (the tests' cross-compile helpers)
+
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+# the mask's and the scales' strides are not multiples of 16 at run time; every other stride and pointer is
 _NOT_DIVISIBLE = ("stride_mb", "stride_mh", "stride_mm", "stride_mn", "stride_qsb", "stride_qsh", "stride_ksb",
                   "stride_ksh")
 
 
 def compile_aligned(spec, cc: int):
-    """``spec`` (kernels/attention.py's compile spec) compiled for ``cc`` with the runtime's alignment
-    specialisation (pointers and tensor strides multiples of 16; the mask's and the scales' strides not)."""
+    """``spec`` (kernels/attention.py's compile spec) compiled for ``cc`` as the launcher specialises aligned
+    tensors."""
     fn, sig, consts, opts = spec
-    names = list(sig)
-    aligned = [n for n in names if (sig[n].startswith("*") or n.startswith("stride_")) and n not in _NOT_DIVISIBLE]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                          options={"num_warps": opts["num_warps"], "num_stages": opts["num_stages"]})
-
-
-def ptxas_usage(compiled) -> tuple:
-    """(registers, spill-store bytes) from ``ptxas -v`` on the kernel's PTX."""
-    ptx = compiled.asm["ptx"]
-    target = re.search(r"^\.target\s+(sm_\w+)", ptx, re.M).group(1)
-    exe = _BIN / ("ptxas-blackwell" if int(re.sub(r"\D", "", target)) >= 100 else "ptxas")
-    if not exe.exists():
-        exe = _BIN / "ptxas"
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        Path(path).write_text(ptx)
-        out = subprocess.run([str(exe), "-v", f"--gpu-name={target}", path, "-o", os.path.join(d, "k.cubin")],
-                             capture_output=True, text=True, timeout=300)
-    text = out.stdout + out.stderr
-    regs = re.search(r"Used (\d+) registers", text)
-    spill = re.search(r"(\d+) bytes spill stores", text)
-    return (int(regs.group(1)) if regs else None, int(spill.group(1)) if spill else None)
+    aligned = tuple(n for n in sig if (sig[n].startswith("*") or n.startswith("stride_")) and n not in _NOT_DIVISIBLE)
+    return compile_for(fn, sig, consts, cc, opts["num_warps"], opts["num_stages"], divisible=aligned)
 
 
 def key_loop(compiled) -> list:
@@ -135,7 +115,7 @@ def main() -> int:
                     except Exception as e:  # noqa: BLE001 - a config this Triton cannot compile: say so
                         print(f"| sm{cc} | {form} | {cfg} | {off} | {type(e).__name__}: {str(e)[:60]} |")
                         continue
-                    regs, spill = ptxas_usage(k)
+                    regs, spill = ptxas_usage(k, cc) or (None, None)
                     m = mix(key_loop(k))
                     shown = "–" if off is None else ("on" if off else "off")
                     print(f"| sm{cc} | {form} | {cfg} | {shown} | {regs} | {spill} | {m['instrs']} | {m['ex2']} | "

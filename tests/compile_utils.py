@@ -10,10 +10,10 @@ def compile_for(kernel, signature: dict, constexprs: dict, cc: int, num_warps: i
     """``divisible``: the arguments Triton's launcher would specialise as multiples of 16 (pointers to
     aligned tensors, such strides), which its vector loads and stores need."""
     import triton
+    import inspect
+
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
-    import inspect
 
     names = list(signature)
     if "constexprs" in inspect.signature(ASTSource.__init__).parameters:
@@ -27,9 +27,21 @@ def compile_for(kernel, signature: dict, constexprs: dict, cc: int, num_warps: i
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def spill_bytes(compiled, cc: int):
-    """Bytes of registers spilled a thread (stores) when ptxas assembles ``compiled``'s PTX for
-    ``cc``, as ``ptxas -v`` reports them (a compiled kernel's own figures need a GPU); None when
+def compile_gluon(spec, cc: int = 90):
+    """A Gluon kernel's compile spec (kernels/attention_hopper.py's compile_spec / compile_spec8: kernel,
+    signature, constexprs, options) compiled for ``cc``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel, sig, consts, opts = spec
+    return triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", cc, 32),
+                          options={"num_warps": opts["num_warps"], "num_stages": opts["num_stages"]})
+
+
+def ptxas_usage(compiled, cc: int):
+    """(registers, bytes of registers spilled a thread (stores)) when ptxas assembles ``compiled``'s PTX
+    for ``cc``, as ``ptxas -v`` reports them (a compiled kernel's own figures need a GPU); None when
     Triton has no ptxas here. The ptxas is the one Triton compiled with (``TRITON_PTXAS_PATH`` where
     set, as the pack sets it to torch's, installer/ptxas.py): the PTX's ``.version`` follows that
     ptxas, which an older bundled one refuses."""
@@ -58,10 +70,17 @@ def spill_bytes(compiled, cc: int):
         r = subprocess.run([exe, "-v", f"--gpu-name={target}", path, "-o", os.path.join(d, "k.cubin")],
                            capture_output=True, text=True, timeout=300)
     out = r.stdout + r.stderr
-    m = re.search(r"(\d+) bytes spill stores", out)
-    if r.returncode != 0 or m is None:
+    regs = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores", out)
+    if r.returncode != 0 or regs is None or spill is None:
         raise RuntimeError(f"ptxas -v for {target} failed: {out[-500:]}")
-    return int(m.group(1))
+    return int(regs.group(1)), int(spill.group(1))
+
+
+def spill_bytes(compiled, cc: int):
+    """Bytes of registers spilled a thread (stores): :func:`ptxas_usage`'s second figure, or None."""
+    usage = ptxas_usage(compiled, cc)
+    return None if usage is None else usage[1]
 
 
 def map_in_processes(fn, jobs: list) -> list:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compile_utils import spill_bytes
+from compile_utils import compile_gluon, spill_bytes
 from test_attention import EIGHT_BIT_GOAL, NORM_TOL, check, cos_stats, make_8bit_inputs, make_qkv
 from tritonkit.kernels import attention as A
 from tritonkit.kernels import attention_hopper as AH
@@ -20,12 +20,7 @@ needs_gluon = pytest.mark.skipif("not __import__('tritonkit.kernels.attention_ho
 
 
 def _compile(dtype, head, cfg, ws=False, o_tma=True):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    kernel, sig, consts, opts = AH.compile_spec(dtype, head, cfg, ws, o_tma=o_tma)
-    return triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": opts["num_warps"], "num_stages": opts["num_stages"]})
+    return compile_gluon(AH.compile_spec(dtype, head, cfg, ws, o_tma=o_tma))
 
 
 @needs_gluon
@@ -50,12 +45,7 @@ def test_every_candidate_compiles_for_sm90_with_the_overlap(head, ws):
 
 
 def _compile8(dtype, head, cfg, fp8_pv, o_tma=True):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    kernel, sig, consts, opts = AH.compile_spec8(dtype, head, cfg, fp8_pv, o_tma=o_tma)
-    return triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": opts["num_warps"], "num_stages": opts["num_stages"]})
+    return compile_gluon(AH.compile_spec8(dtype, head, cfg, fp8_pv, o_tma=o_tma))
 
 
 @needs_gluon

@@ -21,7 +21,7 @@ import conftest  # noqa: E402,F401  (imports the pack as ``tritonkit``)
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from compile_utils import compile_for, map_in_processes  # noqa: E402
+from compile_utils import compile_for, compile_gluon, map_in_processes  # noqa: E402
 from tritonkit.kernels import attention as A  # noqa: E402
 from tritonkit.kernels import attention_hopper as AH  # noqa: E402
 from tritonkit.kernels import fp8, fp8_linear, vector_add  # noqa: E402
@@ -71,16 +71,11 @@ def compile_job(job):
     what, src, i, cc = job
     try:
         if src in ("gluon", "gluon8"):
-            from triton.backends.compiler import GPUTarget
-            from triton.experimental.gluon._runtime import GluonASTSource
             head, flag = i
             if src == "gluon":
-                spec = AH.compile_spec(torch.bfloat16, head, AH.candidates(head, flag)[0], flag)
+                compile_gluon(AH.compile_spec(torch.bfloat16, head, AH.candidates(head, flag)[0], flag), cc)
             else:
-                spec = AH.compile_spec8(torch.bfloat16, head, AH.candidates8(head, flag)[0], flag)
-            kernel, sig, consts, opts = spec
-            triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", cc, 32),
-                           options={"num_warps": opts["num_warps"], "num_stages": opts["num_stages"]})
+                compile_gluon(AH.compile_spec8(torch.bfloat16, head, AH.candidates8(head, flag)[0], flag), cc)
         elif src == "attn":
             kernel, sig, consts, opts = A.COMPILE_SPECS[i]
             compile_for(kernel, sig, consts, cc, opts["num_warps"], opts["num_stages"])
