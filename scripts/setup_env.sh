@@ -9,9 +9,9 @@
 #                         that tree is used (scripts/dev.sh does)
 #   .triton-versions/<v>/ the Triton releases current torch releases pin (TK_TRITON_VERSIONS, default
 #                         "3.2.0 3.3.1 3.4.0 3.5.1 3.6.0 3.7.1": torch 2.6, 2.7, 2.8, 2.9, 2.10-2.11, 2.12-2.13),
-#                         each alone (pip --target,
-#                         no torch): tests/test_triton_versions.py cross-compiles the pack's kernels with each
-#                         ("none" skips them; a failed download is reported and that version's test skips)
+#                         each alone (pip --target, no torch): tests/test_triton_versions.py cross-compiles the
+#                         pack's kernels with each ("none": none; a failed download stops the set-up under CI,
+#                         elsewhere it is reported and that version's test skips, saying so)
 # Re-running it only fills in what is missing. TK_VENV / TK_COMFYUI override the first two locations,
 # TK_COMFYUI_080 / TK_COMFYUI_080_SITE the 0.8.0 ones, TK_COMFYUI_080_TARBALL the tarball.
 set -euo pipefail
@@ -114,8 +114,11 @@ if [ "$(cat "$site8/.tritonkit-pins" 2>/dev/null)" != "$want_site" ]; then
   rm -rf "$site8"; mv "$site8.partial" "$site8"
 fi
 tv_dir="${TK_TRITON_VERSIONS_DIR:-$root/.triton-versions}"
-for v in ${TK_TRITON_VERSIONS:-3.2.0 3.3.1 3.4.0 3.5.1 3.6.0 3.7.1}; do
-  [ "$v" = "none" ] && break
+tv_want="${TK_TRITON_VERSIONS:-3.2.0 3.3.1 3.4.0 3.5.1 3.6.0 3.7.1}"
+[ "$tv_want" = "none" ] && tv_want=""
+mkdir -p "$tv_dir"
+echo "$tv_want" > "$tv_dir/WANTED"  # tests/test_triton_versions.py reports each one missing
+for v in $tv_want; do
   if [ ! -f "$tv_dir/$v/triton/__init__.py" ]; then
     log "installing Triton $v into $tv_dir/$v (cross-compile checks)"
     rm -rf "$tv_dir/$v.partial"
@@ -123,7 +126,11 @@ for v in ${TK_TRITON_VERSIONS:-3.2.0 3.3.1 3.4.0 3.5.1 3.6.0 3.7.1}; do
       rm -rf "$tv_dir/$v"; mv "$tv_dir/$v.partial" "$tv_dir/$v"
     else
       rm -rf "$tv_dir/$v.partial"
-      log "WARNING: could not install triton==$v; tests/test_triton_versions.py skips it"
+      if [ -n "${CI:-}" ]; then
+        echo "[setup] ERROR: could not install triton==$v (CI installs every TK_TRITON_VERSIONS entry)" >&2
+        exit 1
+      fi
+      log "WARNING: could not install triton==$v; tests/test_triton_versions.py skips it, saying so"
     fi
   fi
 done
