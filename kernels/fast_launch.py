@@ -14,8 +14,10 @@ The first launch under a key goes through Triton as always and keeps the compile
 later launch under the same key calls that kernel's launcher directly with the same argument list Triton
 builds (every parameter in order, constexprs included). Triton's own path is taken instead when:
 
-- the installed Triton's launch convention is not the one this was written against (3.4+, ``triton.knobs``;
-  checked on Triton 3.6 and 3.8);
+- the installed Triton's launch convention is not the one this was written against: Triton 3.4 or later
+  (``triton.knobs``) whose ``JITFunction.run`` launches with exactly the call :data:`JIT_LAUNCH` spells (read from
+  its source once; so a later Triton that changes the convention gets its own path, not a wrong launch). The
+  same in 3.4.0, 3.5.1, 3.6.0, 3.7.1 and 3.8.0 (tests/triton_versions.py checks each);
 - a launch hook is set (a profiler such as Proton wants each launch's metadata);
 - the compile is asynchronous (a future, not a compiled kernel) or not CUDA;
 - ``TRITONKIT_FAST_LAUNCH=0``.
@@ -54,10 +56,32 @@ def _log_once(reason: str, msg: str) -> None:
 _convention = None
 _knobs = _driver = None
 
+# The launch in Triton's ``JITFunction.run`` (whitespace removed) that :func:`launch` repeats: the compiled
+# kernel's launcher called with the grid, the stream, the function, its packed metadata, the launch metadata, the
+# two hooks and every bound parameter in order (constexprs included)
+JIT_LAUNCH = ("kernel.run(grid_0,grid_1,grid_2,stream,kernel.function,kernel.packed_metadata,launch_metadata,"
+              "knobs.runtime.launch_enter_hook,knobs.runtime.launch_exit_hook,*bound_args.values())")
+
+
+def jit_launches_as_expected(run=None) -> bool:
+    """Whether ``run`` (the installed ``JITFunction.run``) launches with the call :data:`JIT_LAUNCH` spells;
+    False where its source can't be read."""
+    import inspect
+    import re
+    try:
+        if run is None:
+            from triton.runtime.jit import JITFunction
+            run = JITFunction.run
+        src = inspect.getsource(run)
+    except Exception:  # noqa: BLE001 - no source (a frozen install) or no such method: Triton's own path
+        return False
+    return JIT_LAUNCH in re.sub(r"\s+", "", src)
+
 
 def convention_ok() -> bool:
     """Whether the installed Triton launches as ``CompiledKernel.run(gx, gy, gz, stream, function,
-    packed_metadata, launch_metadata, enter_hook, exit_hook, *every parameter)`` (3.4 and later)."""
+    packed_metadata, launch_metadata, enter_hook, exit_hook, *every parameter)``: 3.4 or later, its JIT's launch
+    read from its source (:func:`jit_launches_as_expected`)."""
     global _convention, _knobs, _driver
     if _convention is None:
         try:
@@ -66,7 +90,10 @@ def convention_ok() -> bool:
             from triton.runtime import driver
             major, minor = (int(x) for x in triton.__version__.split(".")[:2])
             _knobs, _driver = knobs, driver
-            _convention = (major, minor) >= (3, 4)
+            _convention = (major, minor) >= (3, 4) and jit_launches_as_expected()
+            if not _convention and (major, minor) >= (3, 4):
+                _log_once("convention", f"Triton {triton.__version__} launches differently from the form this "
+                                        "was written against: every launch goes through Triton's own path")
         except Exception:  # noqa: BLE001 - an older or unusual Triton: its own path
             _convention = False
     return _convention

@@ -149,11 +149,41 @@ def test_the_plans_are_bounded(fake, monkeypatch):
     assert 1 <= len(F._PLANS) <= 3
 
 
-def test_the_installed_triton_is_judged_by_its_version():
+def test_the_installed_triton_is_judged_by_its_version_and_its_jits_launch():
     F._convention = None
     ok = F.convention_ok()
     major, minor = (int(x) for x in triton.__version__.split(".")[:2])
     assert ok == ((major, minor) >= (3, 4))
+    assert F.jit_launches_as_expected()  # the venv's Triton (3.8) launches as the direct launch does
+
+
+def _run_from_source(tmp_path, extra: str):
+    """A ``run`` function with a source file (inspect reads it) launching as Triton's JIT does, with ``extra``
+    inserted before the parameters."""
+    import importlib.util
+    f = tmp_path / "fake_jit.py"
+    f.write_text("def run(self, kernel, grid_0, grid_1, grid_2, stream, launch_metadata, knobs, bound_args):\n"
+                 "    kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata,\n"
+                 "               launch_metadata, knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook,\n"
+                 f"               {extra}*bound_args.values())\n")
+    spec = importlib.util.spec_from_file_location("fake_jit", f)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.run
+
+
+def test_a_jit_that_launches_otherwise_gets_tritons_own_path(monkeypatch, tmp_path):
+    """A Triton whose ``JITFunction.run`` calls its launcher differently (here: one more argument before the
+    parameters, as a later Triton might add) or whose source can't be read is not launched directly, whatever
+    its version says."""
+    from triton.runtime.jit import JITFunction
+    assert F.jit_launches_as_expected(_run_from_source(tmp_path, ""))  # the form it was written against
+    changed = _run_from_source(tmp_path, "None, ")
+    assert not F.jit_launches_as_expected(changed)
+    assert not F.jit_launches_as_expected(len)  # a builtin: no source
+    monkeypatch.setattr(JITFunction, "run", changed)
+    monkeypatch.setattr(F, "_convention", None)
+    assert not F.convention_ok()
 
 
 def test_an_args_key_names_what_the_launch_specialises_on():

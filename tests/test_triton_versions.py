@@ -47,5 +47,8 @@ def test_the_kernels_compile_with_this_triton(version):
     # what the pack offers follows the Triton: tensor descriptors from 3.4, its Gluon kernels from 3.6
     assert res["tensor_descriptors"] == (_minor(version) >= (3, 4)), res
     assert res["gluon"] == (_minor(version) >= (3, 6)), res
+    # direct launches (kernels/fast_launch.py) from 3.4, whose JIT launches as they do; 3.2 and 3.3 call the hooks
+    # through CompiledKernel and get Triton's own path
+    assert res["fast_launch"] == (_minor(version) >= (3, 4)), res
     if _minor(version) >= (3, 6):
         assert not any("Gluon" in s[0] for s in res["skipped"]), res["skipped"]

@@ -6,7 +6,8 @@ this Triton has tensor descriptors), kernels/fp8.py, kernels/fp8_linear.py, kern
 kernels/attention_hopper.py's Gluon forms (each form's first candidate, both head sizes) where
 ``gluon_available()``, each down to the cubin for each of its archs; then each kernel family once through
 Triton's interpreter (the CPU path). Prints one JSON line: {"triton", "compiled", "failed": [[what, cc, error]],
-"skipped": [[what, cc, why]], "interpreted_failed": [[what, error]], "gluon", "tensor_descriptors"}.
+"skipped": [[what, cc, why]], "interpreted_failed": [[what, error]], "gluon", "tensor_descriptors", "fast_launch"}
+(kernels/fast_launch.py's direct launches: whether this Triton's JIT launches as they do).
 
     PYTHONPATH=.triton-versions/3.3.1 .venv/bin/python tests/triton_versions.py
 """
@@ -24,7 +25,7 @@ import triton  # noqa: E402
 from compile_utils import compile_for, compile_gluon, map_in_processes  # noqa: E402
 from tritonkit.kernels import attention as A  # noqa: E402
 from tritonkit.kernels import attention_hopper as AH  # noqa: E402
-from tritonkit.kernels import fp8, fp8_linear, vector_add  # noqa: E402
+from tritonkit.kernels import fast_launch, fp8, fp8_linear, vector_add  # noqa: E402
 
 # (Triton minor, arch) pairs this Triton cannot compile for, whatever the kernel: the pack's kernels fall back
 # there as on any compile error
@@ -133,7 +134,8 @@ def main() -> int:
     print(json.dumps({"triton": triton.__version__, "triton_file": triton.__file__, "compiled": len(todo) - len(failed),
                       "failed": failed, "skipped": skipped, "interpreted_failed": interpreted(),
                       "gluon": AH.gluon_available(),
-                      "tensor_descriptors": A.tensor_descriptors_available()}))
+                      "tensor_descriptors": A.tensor_descriptors_available(),
+                      "fast_launch": fast_launch.convention_ok()}))
     return 0
 
 
