@@ -80,10 +80,13 @@ MAX_STRUCTURES = 4                            # differently built blocks of one 
 # alone, and their compile (a third graph) cost more of a cold start than they ever save.
 MIN_NESTED_BLOCKS = 4
 # transformer_options entries ComfyUI rewrites per block, per call or per prompt: guards on them
-# would compile one graph per block (block_index) or per prompt (uuids)
+# would compile one graph per block (block_index), per prompt (uuids) or per resolution ("img_slice": the
+# text and image token counts, which Flux and HunyuanVideo set before their single blocks since upstream's
+# 2026-02-16 change, between ComfyUI 0.11 and 0.18, and which their SingleStreamBlock reads through
+# ``transformer_options.copy()``: a resolution change recompiled it, seen with ComfyUI 0.33.0)
 VOLATILE_OPTIONS = ("block_index", "block", "total_blocks", "block_type", "activations_shape",
                     "original_shape", "uuids", "cond_or_uncond", "sigmas", "sample_sigmas",
-                    "transformer_index", "current_index")
+                    "transformer_index", "current_index", "img_slice")
 
 _logged: set = set()
 _lock = threading.Lock()
