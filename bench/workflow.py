@@ -406,12 +406,21 @@ def _quantized_layers(model) -> int:
                and mod.weight._qdata.dtype in FP8_DTYPES)
 
 
-def _fp8_op_layers(model) -> int:
-    """ComfyUI ops of the diffusion model whose weight is stored in fp8 (QuantizedTensor ones included)."""
+def _fp8_op_kinds(model) -> dict:
+    """ComfyUI ops of the diffusion model whose weight is stored in fp8 (QuantizedTensor ones included), counted
+    by class name (ComfyUI names each op after the torch layer it stands for: Linear, LayerNorm, RMSNorm, ...)."""
+    import collections
+
     import comfy.ops
     dm = model.get_model_object("diffusion_model")
-    return sum(1 for _, mod in dm.named_modules() if isinstance(mod, comfy.ops.CastWeightBiasOp)
-               and _fp8_storage(getattr(mod, "weight", None)))
+    return dict(collections.Counter(type(mod).__name__ for _, mod in dm.named_modules()
+                                    if isinstance(mod, comfy.ops.CastWeightBiasOp)
+                                    and _fp8_storage(getattr(mod, "weight", None))))
+
+
+def _fp8_op_layers(model) -> int:
+    """How many ComfyUI ops of the diffusion model store their weight in fp8 (:func:`_fp8_op_kinds`)."""
+    return sum(_fp8_op_kinds(model).values())
 
 
 def _left_on_torch(text: str) -> dict:
@@ -1031,7 +1040,8 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
             rec["regional_opts"] = dict(regional_opts or REGIONAL_OPTS)
             m = inproc.call_node(COMPILE_NODE, model=m, **rec["regional_opts"])[0]
         patched_layers = sum(1 for k in getattr(m, "object_patches", {}) if k.endswith(".forward_comfy_cast_weights"))
-        base_fp8_layers = _fp8_op_layers(base)
+        base_fp8_kinds = _fp8_op_kinds(base)
+        base_fp8_layers = sum(base_fp8_kinds.values())
         m = m.clone()
         timer = StepTimer(device, int(os.environ.get(PROFILE_ENV, "0") or 0),
                           kernel_call=steps if os.environ.get(KERNEL_TIME_ENV) else 0,
@@ -1127,6 +1137,7 @@ def run_one(st: dict, base, run: Run, cond, neg, latent, steps: int, seed: int, 
     rec["quantized_layers"] = _quantized_layers(base)
     if fp8_mode:
         rec["fp8_counters"].update(_fp8_run_stats(fp8_mod, base_fp8_layers, patched_layers))
+        rec["fp8_layers_by_op"] = base_fp8_kinds
         left = _left_on_torch(rec.get("fp8_node_text", ""))
         rec["fp8_counters"]["layers_left_on_comfyui"] = sum(n for r, n in left.items() if "kept" not in r)
         rec["fp8_left_reasons"] = left
