@@ -32,6 +32,7 @@
 #            CAL_CONFIGS its --configs (default before,now); each spec at most CAL_S seconds
 #   REQUIRE_GPU  a word the GPU's name must contain (e.g. H200): the call exits 3 at once otherwise, before any part
 #   FLUX_ARGS / HUN_ARGS  more bench/workflow.py options for those parts (e.g. --warm-rounds for compiled rounds)
+#   COMFYUI_VERSION  the ComfyUI the workflows run on (default 0.8.0; another needs bench/device_workflow.sh's files)
 #   SMI_MS   sample the GPU's clocks, power and temperature every SMI_MS ms into $OUT/smi.csv while the call runs
 #            (`python3 bench/first_steps.py --smi $OUT/smi.csv <workflow.json>` gives each run's medians)
 # The workflows run on ComfyUI 0.8.0 with a cold calibration (one folder for the whole call).
@@ -74,7 +75,7 @@ runs_table() {  # the rounds' summary, then each run's s/step, × default, first
   sed -n '/^| run /,/^$/p' "$1" 2>/dev/null | cut -d'|' -f2,7,8,10,14 | head -24
 }
 if [ "${FLUX_S:-0}" != 0 ]; then
-  OUT="$O/flux" timeout "$FLUX_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-scaled --steps 6 \
+  OUT="$O/flux" timeout "$FLUX_S" bash bench/device_workflow.sh --comfyui "${COMFYUI_VERSION:-0.8.0}" --preset gpu-scaled --steps 6 \
     --rounds "${FLUX_ROUNDS:-3}" --budget-s $(( FLUX_S - 10 )) --calibration-dir "$CAL" \
     --plan "${FLUX_PLAN:-flux-scaled:default@86,flux-scaled:both@86,flux-scaled:fp8@86,flux-scaled:default@89,flux-scaled:both@89,flux-scaled:default,flux-scaled:both,flux-scaled:fp8}" \
     ${FLUX_ARGS:-} > "$O/flux.log" 2>&1
@@ -93,7 +94,7 @@ if [ "${BENCH_S:-0}" != 0 ]; then
   sed -n '/^| shape/,/^$/p' "$O/attention.txt" | cut -c1-1600
 fi
 if [ "${HUN_S:-0}" != 0 ]; then
-  OUT="$O/hun" timeout "$HUN_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-hunyuan-scaled --steps 3 \
+  OUT="$O/hun" timeout "$HUN_S" bash bench/device_workflow.sh --comfyui "${COMFYUI_VERSION:-0.8.0}" --preset gpu-hunyuan-scaled --steps 3 \
     --rounds "${HUN_ROUNDS:-2}" --budget-s $(( HUN_S - 10 )) --calibration-dir "$CAL" \
     --plan "${HUN_PLAN:-hunyuan-scaled:default@86,hunyuan-scaled:both@86,hunyuan-scaled:default@89,hunyuan-scaled:both@89,hunyuan-scaled:default,hunyuan-scaled:both}" \
     ${HUN_ARGS:-} > "$O/hun.log" 2>&1
@@ -103,7 +104,7 @@ fi
 if [ "${REG_S:-0}" != 0 ]; then
   python3 -c "import torch; from torch import compiler as c; print('torch', torch.__version__, 'ahead-of-time load:', callable(getattr(c, 'load_compiled_function', None)))"
   rm -rf /tmp/tk_cc
-  OUT="$O/regional" timeout "$REG_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset "${REG_PRESET:-gpu-scaled}" --steps "${REG_STEPS:-4}" \
+  OUT="$O/regional" timeout "$REG_S" bash bench/device_workflow.sh --comfyui "${COMFYUI_VERSION:-0.8.0}" --preset "${REG_PRESET:-gpu-scaled}" --steps "${REG_STEPS:-4}" \
     --compile-cache /tmp/tk_cc --restart --budget-s $(( REG_S - 10 )) --calibration-dir "$CAL" \
     --plan "${REG_PLAN:-flux-scaled:both:regional@86}" > "$O/regional.log" 2>&1
   echo "regional rc=$?"
@@ -136,7 +137,7 @@ if [ "${STORED_S:-0}" != 0 ]; then
       *) defer=1 workers=0 ;; esac
     env -u TRITONKIT_COMPILE_WORKERS ${workers:+TRITONKIT_COMPILE_WORKERS=$workers} \
       OUT="$O/stored_$r" TK_BENCH_TRACE_COMPILES=1 TRITONKIT_CALIBRATION_DEFER=$defer timeout "$STORED_S" \
-      bash bench/device_workflow.sh --comfyui 0.8.0 --preset gpu-hunyuan-scaled --steps 5 --no-second-res \
+      bash bench/device_workflow.sh --comfyui "${COMFYUI_VERSION:-0.8.0}" --preset gpu-hunyuan-scaled --steps 5 --no-second-res \
       --compile-cache "/tmp/tk_cc_stored_$r" --calibration-dir /tmp/tk_cal_stored \
       --plan hunyuan-scaled:both:regional > "$O/stored_$r.log" 2>&1
     echo "stored $r (defer $defer, compile workers ${workers:-default}) rc=$?"
@@ -148,7 +149,7 @@ if [ "${COLD_S:-0}" != 0 ]; then
   seed=
   if [ -n "${COLD_SEED_PLAN:-}" ]; then
     seed="/tmp/tk_cold_seed_$(date +%s%N)"
-    OUT="$O/cold_seed" TRITON_CACHE_DIR="$seed/triton" timeout "$COLD_S" bash bench/device_workflow.sh --comfyui 0.8.0 \
+    OUT="$O/cold_seed" TRITON_CACHE_DIR="$seed/triton" timeout "$COLD_S" bash bench/device_workflow.sh --comfyui "${COMFYUI_VERSION:-0.8.0}" \
       --preset "${COLD_SEED_PRESET:-gpu-scaled}" --steps 3 --rounds 1 --budget-s $(( COLD_S - 10 )) \
       --calibration-dir "$seed/cal" --plan "$COLD_SEED_PLAN" > "$O/cold_seed.log" 2>&1
     echo "cold seed ($COLD_SEED_PLAN) rc=$?: $(find "$seed/triton" -name '*.json' 2>/dev/null | wc -l) files in its Triton cache"
@@ -162,7 +163,7 @@ if [ "${COLD_S:-0}" != 0 ]; then
     fi
     # shellcheck disable=SC2086
     env $envs OUT="$O/cold_$r" TRITON_CACHE_DIR="/tmp/tk_cold_triton_$tag" TK_BENCH_TRACE_COMPILES=1 \
-      timeout "$COLD_S" bash bench/device_workflow.sh --comfyui 0.8.0 --preset "${COLD_PRESET:-gpu-hunyuan-scaled}" \
+      timeout "$COLD_S" bash bench/device_workflow.sh --comfyui "${COMFYUI_VERSION:-0.8.0}" --preset "${COLD_PRESET:-gpu-hunyuan-scaled}" \
       --steps "${COLD_STEPS:-7}" --rounds 1 --budget-s $(( COLD_S - 10 )) --calibration-dir "/tmp/tk_cold_cal_$tag" \
       --plan "${plan:-${COLD_PLAN:-hunyuan-scaled:both@86}}" > "$O/cold_$r.log" 2>&1
     echo "cold $r (${envs:-default}; ${plan:-${COLD_PLAN:-hunyuan-scaled:both@86}}) rc=$?"

@@ -5,6 +5,7 @@
 #                                               # .device/whl/*.whl (ComfyUI's extras, comfy-kitchen, sageattention)
 # then on the GPU machine, from the repository root (carry .device):
 #   bash bench/device_workflow.sh [--comfyui 0.8.0] [workflow.py args...]   # results in $OUT (or artifacts/workflow)
+#   (--comfyui <another release>: .device/comfyui-<v>.tar.gz and .device/whl-<v>/, prepared by hand)
 #   bash bench/device_workflow.sh --setup-only [--comfyui 0.8.0]   # only install/unpack; then `source /tmp/tk_env.sh`
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -58,11 +59,18 @@ PY
 fi
 
 tree=.comfyui
+archive=.device/comfyui.tar.gz
+extra=
 if [ "$1" = "--comfyui" ]; then
   case "$2" in
-    0.3.75) tree=.comfyui ;;
-    0.8.0) tree=.comfyui-0.8.0 ;;
-    *) echo "--comfyui takes 0.3.75 or 0.8.0" >&2; exit 2 ;;
+    0.3.75) ;;
+    0.8.0) tree=.comfyui-0.8.0; archive=.device/comfyui-0.8.0.tar.gz ;;
+    *)  # another release, prepared by hand: .device/comfyui-<v>.tar.gz unpacking to .comfyui-<v>/, and the
+        # packages it needs beyond .device/whl (its comfy-kitchen, ...) as wheels in .device/whl-<v>/
+      tree=".comfyui-$2"; archive=".device/comfyui-$2.tar.gz"; extra=".device/whl-$2"
+      if [ ! -f "$archive" ] || [ ! -d "$extra" ]; then
+        echo "--comfyui $2: needs $archive and $extra/ (0.3.75 and 0.8.0 come from --prepare)" >&2; exit 2
+      fi ;;
   esac
   shift 2
 fi
@@ -72,14 +80,22 @@ if [ "$1" = "--setup-only" ]; then setup_only=1; shift; fi
 OUT="${OUT:-artifacts/workflow}"
 mkdir -p "$OUT" /tmp/tk_comfy
 if [ ! -d /tmp/tk_site ]; then
+  if ! ls .device/whl/*.whl >/dev/null 2>&1; then
+    echo "no /tmp/tk_site and no .device/whl/*.whl to make it: carry .device/whl (an earlier call on this machine" >&2
+    echo "may have made /tmp/tk_site; the machine was handed back since)" >&2; exit 2
+  fi
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tk_site \
     .device/whl/*.whl || exit 1
 fi
-archive=.device/comfyui.tar.gz
-[ "$tree" = .comfyui-0.8.0 ] && archive=.device/comfyui-0.8.0.tar.gz
+site=/tmp/tk_site
+if [ -n "$extra" ]; then  # this release's own packages, first on the path
+  site="/tmp/tk_site_${tree#.comfyui-}:/tmp/tk_site"
+  [ -d "/tmp/tk_site_${tree#.comfyui-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target "/tmp/tk_site_${tree#.comfyui-}" "$extra"/*.whl || exit 1
+fi
 [ -f "/tmp/tk_comfy/$tree/main.py" ] || tar -xzf "$archive" -C /tmp/tk_comfy || exit 1
 cat > /tmp/tk_env.sh <<ENV
-export PYTHONPATH=/tmp/tk_site\${PYTHONPATH:+:\$PYTHONPATH}
+export PYTHONPATH=$site\${PYTHONPATH:+:\$PYTHONPATH}
 export TK_COMFYUI=/tmp/tk_comfy/$tree PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=\${TORCHINDUCTOR_CACHE_DIR:-/tmp/tk_inductor}
 ENV

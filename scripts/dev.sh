@@ -6,9 +6,13 @@
 #       pass 1: the whole suite against ComfyUI 0.3.75 (.comfyui/, or TK_COMFYUI)
 #       pass 2: the tests marked `comfyui` (they run real ComfyUI code; conftest marks the obvious ones)
 #               against ComfyUI 0.8.0 (.comfyui-0.8.0/ with its packages in .comfyui-0.8.0-site/)
-#     Both run in one random order seed (TK_TEST_SEED, printed; set it to reproduce a run, 'off' for
-#     file order). TK_TEST_LINES="0.3.75" (or "0.8.0") runs one pass only. Exits non-zero if either
-#     pass fails or the second selects no test.
+#       pass 3, only where TK_COMFYUI_NEWEST names a ComfyUI tree (a newer release than the two above, which
+#               CI cannot download: e.g. upstream's master checked out by hand) and TK_COMFYUI_NEWEST_SITE the
+#               packages it needs beyond the venv (pip install --no-deps --target: its comfy-kitchen,
+#               comfy-aimdo, torchaudio, ...): the comfyui-marked tests against it
+#     All run in one random order seed (TK_TEST_SEED, printed; set it to reproduce a run, 'off' for
+#     file order). TK_TEST_LINES="0.3.75" (or "0.8.0", or "newest") runs one pass only. Exits non-zero if
+#     any pass fails or a comfyui-only pass selects no test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="${1:-}"; shift || true
@@ -42,7 +46,7 @@ case "$cmd" in
     app="${TK_COMFYUI:-$root/.comfyui}"
     app8="${TK_COMFYUI_080:-$root/.comfyui-0.8.0}"
     site8="${TK_COMFYUI_080_SITE:-$root/.comfyui-0.8.0-site}"
-    lines="${TK_TEST_LINES:-0.3.75 0.8.0}"
+    lines="${TK_TEST_LINES:-0.3.75 0.8.0${TK_COMFYUI_NEWEST:+ newest}}"
     if [ -z "${TK_TEST_SEED:-}" ]; then TK_TEST_SEED=$(( (RANDOM << 15 | RANDOM) + 1 )); fi
     export TK_TEST_SEED
     echo "[test] test order seed: $TK_TEST_SEED (reproduce: TK_TEST_SEED=$TK_TEST_SEED bash scripts/dev.sh test ...)"
@@ -63,8 +67,18 @@ case "$cmd" in
             echo "[test] pass 2 selected no test (pytest exit 5): it must run the comfyui-marked tests" >&2
           fi
           summaries+=("$label: $(summary_of "$logs/2")") ;;
+        newest)
+          appn="${TK_COMFYUI_NEWEST:?TK_TEST_LINES has newest: set TK_COMFYUI_NEWEST to a ComfyUI tree}"
+          siten="${TK_COMFYUI_NEWEST_SITE:-}"
+          label="pass 3: comfyui-marked tests against ComfyUI $(version_of "$appn") ($appn)"
+          run_pass "$label" "$logs/3" env TK_COMFYUI="$appn" TK_COMFYUI_SITE="$siten" TK_TEST_ONLY_COMFYUI=1 \
+            PYTHONPATH="$siten${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest "$@" || status=1
+          if grep -q "^\[test\] .*: exit 5 in" "$logs/3"; then
+            echo "[test] pass 3 selected no test (pytest exit 5): it must run the comfyui-marked tests" >&2
+          fi
+          summaries+=("$label: $(summary_of "$logs/3")") ;;
         *)
-          echo "[test] unknown ComfyUI line in TK_TEST_LINES: $line (known: 0.3.75 0.8.0)" >&2; exit 2 ;;
+          echo "[test] unknown ComfyUI line in TK_TEST_LINES: $line (known: 0.3.75 0.8.0 newest)" >&2; exit 2 ;;
       esac
     done
     echo "[test] ===== summary (seed $TK_TEST_SEED) ====="
