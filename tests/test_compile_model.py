@@ -178,6 +178,25 @@ class _FakePatcher:
         return self.dm
 
 
+class _Guard:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_per_block_and_per_resolution_options_carry_no_guard():
+    """The guards a compiled block keeps: none on the transformer_options entries ComfyUI rewrites per block, call,
+    prompt or resolution (among them 0.33's ``img_slice``, the text and image token counts set before the single
+    blocks, which recompiled SingleStreamBlock at every new resolution), nor on the calibrated choices; every other
+    guard stays (the attention override, patches, the tensors)."""
+    from tritonkit.nodes import compile_model as node
+    dropped = ["L['transformer_options']['img_slice']", "L['transformer_options']['img_slice'][1]",
+               "L['transformer_options']['block_index']", "L['transformer_options']['uuids'][0]",
+               "G['__import_tritonkit_dot_kernels_dot_calibration']._TRACE_CHOICES['attn|x']"]
+    kept = ["L['transformer_options']['optimized_attention_override']", "L['transformer_options']['patches']",
+            "L['x']", "L['self']._modules['img_mod']", ""]
+    assert node._guard_filter([_Guard(n) for n in dropped + kept]) == [False] * len(dropped) + [True] * len(kept)
+
+
 # ----------------------------------------------------------------------------- compile once, reuse
 def test_compiles_once_per_block_class_and_reuses_it(env, flux, tmp_path, monkeypatch):
     inproc, node, _ = env
