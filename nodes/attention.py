@@ -193,7 +193,7 @@ def _auto_choice(func, args, kwargs, b, force_cpu, settle=None):
         default = "comfy"
     bhld = bool(b.get("skip_reshape", False))
     q = b["q"]
-    key = calib.attention_key(fname, q, b["k"], b["heads"], bhld, b.get("mask"), cands, _arch(q.device))
+    key = calib.attention_key(fname, q, b["k"], b["heads"], bhld, b.get("mask"), cands, _arch(q.device), v=b["v"])
     D = q.shape[-1] if bhld else q.shape[-1] // b["heads"]
     Lk = b["k"].shape[-2] if bhld else b["k"].shape[1]
     # (the text only names the shape class in the calibration log; while tracing, Lk may be symbolic)
