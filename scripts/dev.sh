@@ -34,6 +34,18 @@ run_pass() {  # label, log file, then the command (its output also goes to the l
   return "$rc"
 }
 
+comfyui_pass() {  # pass number, ComfyUI tree, the folder of its extra packages, then pytest's arguments: the
+  # comfyui-marked tests against that tree (uses the test command's logs, py, status and summaries)
+  local n="$1" tree="$2" site="$3"; shift 3
+  local label="pass $n: comfyui-marked tests against ComfyUI $(version_of "$tree") ($tree)"
+  run_pass "$label" "$logs/$n" env TK_COMFYUI="$tree" TK_COMFYUI_SITE="$site" TK_TEST_ONLY_COMFYUI=1 \
+    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest "$@" || status=1
+  if grep -q "^\[test\] .*: exit 5 in" "$logs/$n"; then
+    echo "[test] pass $n selected no test (pytest exit 5): it must run the comfyui-marked tests" >&2
+  fi
+  summaries+=("$label: $(summary_of "$logs/$n")")
+}
+
 case "$cmd" in
   demo)
     bash "$root/scripts/setup_env.sh"
@@ -60,23 +72,10 @@ case "$cmd" in
             "$py" -m pytest "$@" || status=1
           summaries+=("$label: $(summary_of "$logs/1")") ;;
         0.8.0)
-          label="pass 2: comfyui-marked tests against ComfyUI $(version_of "$app8") ($app8)"
-          run_pass "$label" "$logs/2" env TK_COMFYUI="$app8" TK_COMFYUI_SITE="$site8" TK_TEST_ONLY_COMFYUI=1 \
-            PYTHONPATH="$site8${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest "$@" || status=1
-          if grep -q "^\[test\] .*: exit 5 in" "$logs/2"; then
-            echo "[test] pass 2 selected no test (pytest exit 5): it must run the comfyui-marked tests" >&2
-          fi
-          summaries+=("$label: $(summary_of "$logs/2")") ;;
+          comfyui_pass 2 "$app8" "$site8" "$@" ;;
         newest)
-          appn="${TK_COMFYUI_NEWEST:?TK_TEST_LINES has newest: set TK_COMFYUI_NEWEST to a ComfyUI tree}"
-          siten="${TK_COMFYUI_NEWEST_SITE:-}"
-          label="pass 3: comfyui-marked tests against ComfyUI $(version_of "$appn") ($appn)"
-          run_pass "$label" "$logs/3" env TK_COMFYUI="$appn" TK_COMFYUI_SITE="$siten" TK_TEST_ONLY_COMFYUI=1 \
-            PYTHONPATH="$siten${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest "$@" || status=1
-          if grep -q "^\[test\] .*: exit 5 in" "$logs/3"; then
-            echo "[test] pass 3 selected no test (pytest exit 5): it must run the comfyui-marked tests" >&2
-          fi
-          summaries+=("$label: $(summary_of "$logs/3")") ;;
+          comfyui_pass 3 "${TK_COMFYUI_NEWEST:?TK_TEST_LINES has newest: set TK_COMFYUI_NEWEST to a ComfyUI tree}" \
+            "${TK_COMFYUI_NEWEST_SITE:-}" "$@" ;;
         *)
           echo "[test] unknown ComfyUI line in TK_TEST_LINES: $line (known: 0.3.75 0.8.0 newest)" >&2; exit 2 ;;
       esac
