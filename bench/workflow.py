@@ -418,11 +418,6 @@ def _fp8_op_kinds(model) -> dict:
                                     and _fp8_storage(getattr(mod, "weight", None))))
 
 
-def _fp8_op_layers(model) -> int:
-    """How many ComfyUI ops of the diffusion model store their weight in fp8 (:func:`_fp8_op_kinds`)."""
-    return sum(_fp8_op_kinds(model).values())
-
-
 def _left_on_torch(text: str) -> dict:
     """The fp8 node's "left on torch: N (reason)" lines as {reason: N}."""
     import re

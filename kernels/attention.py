@@ -951,17 +951,42 @@ def variant_candidates(cc: int, block_d: int, in_bytes: int, int8: bool, variant
     return out
 
 
+def _folds_into_rows(x, Hx, Lx, D, bhld) -> bool:
+    """Whether one (B, H, L, D) operand (bhld) or (B, L, H, D) view (bld) folds into one 2-D array of rows with
+    16-byte row strides, by its strides alone (its base address is the caller's to check)."""
+    sb, sh, sl = (x.stride(0), x.stride(1), x.stride(2)) if bhld else (x.stride(0), x.stride(2), x.stride(1))
+    if x.stride(-1) != 1 or (sl * x.element_size()) % 16:
+        return False
+    return (sh == Lx * sl and sb == Hx * sh) if bhld else (sh == D and sl == Hx * D and sb == Lx * sl)
+
+
+def kv_rows(k, v, head_dim: int, bhld: bool) -> bool:
+    """Whether K and V, as a caller passes them ((B, H, L, D), or (B, L, H·D) with ``bhld`` False), each fold into
+    rows as the TMA and Gluon paths read them (:func:`_folds_into_rows`). Where they don't, exact mode has only the
+    pointer-load kernel, while the 8-bit pre-pass makes its own copies (the Attention node's ``auto`` times such
+    calls as a class of their own: Flux's single blocks pass V as a view into the QKV projection)."""
+    for x in (k, v):
+        if x.ndim == 4 and bhld:
+            x4 = x
+        elif x.ndim == 3 and not bhld and head_dim and x.shape[-1] % head_dim == 0:
+            x4 = x.unflatten(-1, (x.shape[-1] // head_dim, head_dim))
+        else:
+            return False
+        Hx, Lx = (x4.shape[1], x4.shape[2]) if bhld else (x4.shape[2], x4.shape[1])
+        if not _folds_into_rows(x4, Hx, Lx, head_dim, bhld):
+            return False
+    return True
+
+
 def _tma_view2d(x, B, Hx, Lx, D, bhld):
     """(2-D view, (row per batch, row per head, column per head)) of one (B, H, L, D) operand for
     a TMA descriptor, or None where it does not fold into one 2-D array of 16-byte-aligned rows."""
-    sb, sh, sl = (x.stride(0), x.stride(1), x.stride(2)) if bhld else (x.stride(0), x.stride(2), x.stride(1))
-    if x.stride(-1) != 1 or x.data_ptr() % 16 or (sl * x.element_size()) % 16:
+    if x.data_ptr() % 16 or not _folds_into_rows(x, Hx, Lx, D, bhld):
         return None
-    if bhld and sh == Lx * sl and sb == Hx * sh:
+    sl = x.stride(2) if bhld else x.stride(1)
+    if bhld:
         return x.as_strided((B * Hx * Lx, D), (sl, 1)), (Hx * Lx, Lx, 0)
-    if not bhld and sh == D and sl == Hx * D and sb == Lx * sl:
-        return x.as_strided((B * Lx, Hx * D), (sl, 1)), (Lx, 0, D)
-    return None
+    return x.as_strided((B * Lx, Hx * D), (sl, 1)), (Lx, 0, D)
 
 
 def _tma_view(k4, v4, B, Hk, Lk, D, bhld):

@@ -193,8 +193,9 @@ def _auto_choice(func, args, kwargs, b, force_cpu, settle=None):
         default = "comfy"
     bhld = bool(b.get("skip_reshape", False))
     q = b["q"]
-    key = calib.attention_key(fname, q, b["k"], b["heads"], bhld, b.get("mask"), cands, _arch(q.device), v=b["v"])
     D = q.shape[-1] if bhld else q.shape[-1] // b["heads"]
+    key = calib.attention_key(fname, q, b["k"], b["heads"], bhld, b.get("mask"), cands, _arch(q.device),
+                              kv_rows=A.kv_rows(b["k"], b["v"], D, bhld) if A is not None else None)
     Lk = b["k"].shape[-2] if bhld else b["k"].shape[1]
     # (the text only names the shape class in the calibration log; while tracing, Lk may be symbolic)
     what = "" if torch.compiler.is_compiling() else f"attention head {D}, {Lk} keys, {str(q.dtype).replace('torch.', '')}"

@@ -132,33 +132,11 @@ def refresh_backend_state() -> None:
         _sdpa_cudnn = None
 
 
-def _kv_rows(k, v, bhld: bool) -> bool:
-    """Whether K and V each fold into one 2-D array of rows with 16-byte row strides, as the exact kernel's TMA and
-    Gluon paths read them (kernels/attention.py ``_tma_view2d``; judged by strides alone, the same in eager and
-    traced calls, their base alignment being checked at the call). Where they don't, only its pointer-load kernel
-    serves exact mode, while the 8-bit mode's pre-pass makes its own copies: Flux's single blocks hand attention V
-    as a view into the fused QKV projection, and their exact calls timed 0.54 ms against 0.38 for the double blocks'
-    (H200, ComfyUI 0.33). Such calls get a calibration key of their own, so that one layout's timing does not
-    decide the other's."""
-    for x in (k, v):
-        if x.stride(-1) != 1:
-            return False
-        if bhld:
-            if x.ndim != 4 or x.stride(1) != x.shape[2] * x.stride(2) or x.stride(0) != x.shape[1] * x.stride(1):
-                return False
-            row = x.stride(2)
-        else:
-            if x.ndim != 3 or x.stride(1) != x.shape[2] or x.stride(0) != x.shape[1] * x.shape[2]:
-                return False
-            row = x.shape[2]
-        if (row * x.element_size()) % 16:
-            return False
-    return True
-
-
-def attention_key(func_name, q, k, heads, bhld, mask, allowed, cc=None, v=None) -> str:
-    """The calibration key of an attention call's shape class; with ``v``, the class also names whether K and V
-    fold into rows as the TMA paths read them (:func:`_kv_rows`)."""
+def attention_key(func_name, q, k, heads, bhld, mask, allowed, cc=None, kv_rows=None) -> str:
+    """The calibration key of an attention call's shape class; with ``kv_rows`` (True / False), the class also names
+    whether K and V fold into rows as the exact kernel's TMA paths read them (kernels/attention.py ``kv_rows``):
+    Flux's single blocks pass V as a view into the QKV projection, and their exact calls timed 0.54 ms against 0.38
+    for its double blocks' (H200), so one layout's timing must not decide the other's."""
     if not torch.compiler.is_compiling():
         refresh_backend_state()
     D = q.shape[-1] if bhld else q.shape[-1] // heads
@@ -170,7 +148,7 @@ def attention_key(func_name, q, k, heads, bhld, mask, allowed, cc=None, v=None) 
         where += "+cudnn-sdpa" if _sdpa_cudnn else "-cudnn-sdpa"
     return (f"attention|{where}|{func_name}|{str(q.dtype).replace('torch.', '')}|D{D}|H{heads}"
             f"|Lq{C.token_bucket(Lq)}|Lk{C.token_bucket(Lk)}|mask-{mk}|{'bhld' if bhld else 'bld'}"
-            + ("" if v is None else "|kv2d" if _kv_rows(k, v, bhld) else "|kvstrided")
+            + ("" if kv_rows is None else "|kv2d" if kv_rows else "|kvstrided")
             + f"|{','.join(sorted(allowed))}")
 
 
