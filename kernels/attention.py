@@ -112,7 +112,8 @@ INT_OFF_BITS = tl.constexpr(0x4B400000)
 
 @triton.jit
 def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
-                    qk_scale, Lq, Lk, H, KV_GROUP, tma_rb, tma_rh, tma_ch, tma_qrb, tma_qrh, tma_qch,
+                    qk_scale, Lq, Lk, H, KV_GROUP, tma_rb, tma_rh, tma_ch, tma_vrb, tma_vrh, tma_vch,
+                    tma_qrb, tma_qrh, tma_qch,
                     stride_qb, stride_qh, stride_ql,
                     stride_kb, stride_kh, stride_kl,
                     stride_vb, stride_vh, stride_vl,
@@ -135,7 +136,8 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
 
     USE_TMA (exact mode, Hopper+): K and V tiles come through tensor descriptors KD / VD (TMA
     loads, zero fill past the tensor) over a 2-D view of K / V: the tile of (batch b, kv head hk)
-    starts at row b·tma_rb + hk·tma_rh, column hk·tma_ch; columns past HEAD_DIM may hold the next
+    starts at row b·tma_rb + hk·tma_rh, column hk·tma_ch (V's at b·tma_vrb + hk·tma_vrh, hk·tma_vch: K and V
+    may fold differently, e.g. V a view into a fused projection); columns past HEAD_DIM may hold the next
     head's values (Q's padding columns are zero, so they add nothing to Q·Kᵀ, and the output's are
     not stored), rows past L_k the next head's keys (masked like any key past L_k). WARP_SPEC asks
     Triton to warp-specialise the unmasked key loop (producer / consumer warps). Q_TMA (with
@@ -187,6 +189,8 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
     if USE_TMA:
         tma_row = (b * tma_rb + hk * tma_rh).to(tl.int32)
         tma_col = (hk * tma_ch).to(tl.int32)
+        tma_vrow = (b * tma_vrb + hk * tma_vrh).to(tl.int32)
+        tma_vcol = (hk * tma_vch).to(tl.int32)
     if PV_MODE == 1:
         VS_base = VS + (b * (H // KV_GROUP) + hk) * ((Lk + V_BLOCK - 1) // V_BLOCK)
         # the accumulator is kept in units of the last block's V scale: each block rescales it by the
@@ -307,7 +311,7 @@ def attn_fwd_kernel(Q, K, V, O, Mask, QS, KS, VS, KD, VD, QD,
             else:
                 v_ptrs = V_base + cols_o[:, None] * stride_vl + offs_d[None, :]
                 if USE_TMA:
-                    v = VD.load([tma_row + start_n, tma_col])
+                    v = VD.load([tma_vrow + start_n, tma_vcol])
                 elif stage == 1:
                     v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
                 elif PAD_D:
@@ -951,20 +955,33 @@ def variant_candidates(cc: int, block_d: int, in_bytes: int, int8: bool, variant
     return out
 
 
-def _folds_into_rows(x, Hx, Lx, D, bhld) -> bool:
-    """Whether one (B, H, L, D) operand (bhld) or (B, L, H, D) view (bld) folds into one 2-D array of rows with
-    16-byte row strides, by its strides alone (its base address is the caller's to check)."""
+def _row_fold(x, Hx, Lx, D, bhld):
+    """How one (B, H, L, D) operand (bhld) or (B, L, H, D) view (bld) folds into one 2-D array of 16-byte-aligned
+    rows, judged by its strides alone (its base address is the caller's to check): (row stride, (row per batch, row
+    per head, column per head), columns), or None. Two patterns, whichever the dims are called: heads first (each
+    head's rows one after another, ``sh == L·sl``), or heads side by side in one row (``sh ≥ D``, a row of at least
+    H·sh elements; Flux's single blocks pass V as such a view into their fused QKV and MLP projection, rows of
+    21504 elements)."""
     sb, sh, sl = (x.stride(0), x.stride(1), x.stride(2)) if bhld else (x.stride(0), x.stride(2), x.stride(1))
-    if x.stride(-1) != 1 or (sl * x.element_size()) % 16:
-        return False
-    return (sh == Lx * sl and sb == Hx * sh) if bhld else (sh == D and sl == Hx * D and sb == Lx * sl)
+    if x.stride(-1) != 1 or (sl * x.element_size()) % 16 or sl < D:
+        return None
+    one_batch = x.shape[0] == 1  # a size-1 dim's stride is anyone's (torch's views rewrite it)
+    if (Hx == 1 or sh == Lx * sl) and (one_batch or sb == Hx * Lx * sl):
+        return sl, (Hx * Lx, Lx, 0), D
+    if D <= sh and Hx * sh <= sl and (one_batch or sb == Lx * sl):
+        return sl, (Lx, 0, sh), (Hx - 1) * sh + D  # no column past the last head's
+    return None
+
+
+def _folds_into_rows(x, Hx, Lx, D, bhld) -> bool:
+    return _row_fold(x, Hx, Lx, D, bhld) is not None
 
 
 def kv_rows(k, v, head_dim: int, bhld: bool) -> bool:
     """Whether K and V, as a caller passes them ((B, H, L, D), or (B, L, H·D) with ``bhld`` False), each fold into
-    rows as the TMA and Gluon paths read them (:func:`_folds_into_rows`). Where they don't, exact mode has only the
+    rows as the TMA and Gluon paths read them (:func:`_row_fold`). Where they don't, exact mode has only the
     pointer-load kernel, while the 8-bit pre-pass makes its own copies (the Attention node's ``auto`` times such
-    calls as a class of their own: Flux's single blocks pass V as a view into the QKV projection)."""
+    calls as a class of their own)."""
     for x in (k, v):
         if x.ndim == 4 and bhld:
             x4 = x
@@ -981,21 +998,20 @@ def kv_rows(k, v, head_dim: int, bhld: bool) -> bool:
 def _tma_view2d(x, B, Hx, Lx, D, bhld):
     """(2-D view, (row per batch, row per head, column per head)) of one (B, H, L, D) operand for
     a TMA descriptor, or None where it does not fold into one 2-D array of 16-byte-aligned rows."""
-    if x.data_ptr() % 16 or not _folds_into_rows(x, Hx, Lx, D, bhld):
+    fold = None if x.data_ptr() % 16 else _row_fold(x, Hx, Lx, D, bhld)
+    if fold is None:
         return None
-    sl = x.stride(2) if bhld else x.stride(1)
-    if bhld:
-        return x.as_strided((B * Hx * Lx, D), (sl, 1)), (Hx * Lx, Lx, 0)
-    return x.as_strided((B * Lx, Hx * D), (sl, 1)), (Lx, 0, D)
+    sl, coords, cols = fold
+    return x.as_strided((B * coords[0], cols), (sl, 1)), coords
 
 
 def _tma_view(k4, v4, B, Hk, Lk, D, bhld):
-    """(2-D K view, 2-D V view, (row per batch, row per head, column per head)) for the TMA
-    descriptors, or None where K / V do not fold into one 2-D array of 16-byte-aligned rows."""
+    """(2-D K view, 2-D V view, K's (row per batch, row per head, column per head), V's) for the TMA
+    descriptors, or None where K or V does not fold into one 2-D array of 16-byte-aligned rows."""
     views = [_tma_view2d(x, B, Hk, Lk, D, bhld) for x in (k4, v4)]
-    if None in views or views[0][1] != views[1][1]:
+    if None in views:
         return None
-    return views[0][0], views[1][0], views[0][1]
+    return views[0][0], views[1][0], views[0][1], views[1][1]
 
 
 def _launch(q, k, v, mask, heads, bhld, out_bhld, scale, int8, causal, cfg=None, out=None, pv="auto", arch=0):
@@ -1155,10 +1171,10 @@ def _run(x, c, views, o_out, m4, warmup=False, plan=None, light=False):
     ws = not int8 and variant == TMA_WS
     va, sva, vs_ = v4, sv, None
     kd = vd = qd = o_out  # unused pointers unless TMA
-    tma = qtma = (0, 0, 0)
+    tma = vtma = qtma = (0, 0, 0)
     if not int8 and variant != TMA_OFF:
         from triton.tools.tensor_descriptor import TensorDescriptor
-        k2, v2, tma = tma_view
+        k2, v2, tma, vtma = tma_view
         kd = TensorDescriptor.from_tensor(k2, [bn, block_d])
         vd = TensorDescriptor.from_tensor(v2, [bn, block_d])
         if q_view is not None:
@@ -1181,7 +1197,7 @@ def _run(x, c, views, o_out, m4, warmup=False, plan=None, light=False):
     launch_kernel(
         x.kern, grid, qa, ka, va, o_out, m4 if m4 is not None else o_out, qs_, ks_,
         vs_ if vs_ is not None else o_out, kd, vd, qd,
-        sm_scale, Lq, Lk, H, H // Hk, tma[0], tma[1], tma[2], qtma[0], qtma[1], qtma[2],
+        sm_scale, Lq, Lk, H, H // Hk, *tma, *vtma, *qtma,
         sqa[0], sqa[1], sqa[2], ska[0], ska[1], ska[2], sva[0], sva[1], sva[2],
         so[0], so[1], so[2], ms[0], ms[1], ms[2], ms[3],
         qss[0], qss[1], kss[0], kss[1],
@@ -1548,7 +1564,8 @@ def _attn_signature(in_ty: str, kv_in_ty: str, mask_ty: str, out_ty: str, tma_bl
     qdesc = f"tensordesc<{in_ty}[{q_block[0]}, {q_block[1]}]>" if q_block else f"*{out_ty}"
     sig = {"Q": f"*{in_ty}", "K": f"*{in_ty}", "V": f"*{kv_in_ty}", "O": f"*{out_ty}", "Mask": f"*{mask_ty}",
            "QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "KD": desc, "VD": desc, "QD": qdesc, "qk_scale": "fp32"}
-    for n in ("Lq", "Lk", "H", "KV_GROUP", "tma_rb", "tma_rh", "tma_ch", "tma_qrb", "tma_qrh", "tma_qch"):
+    for n in ("Lq", "Lk", "H", "KV_GROUP", "tma_rb", "tma_rh", "tma_ch", "tma_vrb", "tma_vrh", "tma_vch", "tma_qrb",
+              "tma_qrh", "tma_qch"):
         sig[n] = "i32"
     for t in ("q", "k", "v", "o"):
         for d in ("b", "h", "l"):

@@ -271,7 +271,7 @@ def _build():
 
     @gluon.jit
     def attn_fwd_hopper(QD, KD, VD, O, qk_scale, Lq, Lk, H, KV_GROUP,
-                        q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, stride_ob, stride_oh, stride_ol,
+                        q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch, stride_ob, stride_oh, stride_ol,
                         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = QD.dtype
@@ -294,6 +294,8 @@ def _build():
         q_row = b * q_rb + h * q_rh + mb * BLOCK_M
         k_row = b * k_rb + hk * k_rh
         k_col = hk * k_ch
+        v_row = b * v_rb + hk * v_rh
+        v_col = hk * v_ch
         n_blocks = gl.cdiv(Lk, BLOCK_N)
 
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], QD.layout)
@@ -313,7 +315,7 @@ def _build():
         for i in gl.static_range(K_STAGES):
             _load(KD, k_row + i * BLOCK_N, k_col, k_bars, k_smem, i, i < n_blocks)
         for i in gl.static_range(V_STAGES):
-            _load(VD, k_row + i * BLOCK_N, k_col, v_bars, v_smem, i, i < n_blocks)
+            _load(VD, v_row + i * BLOCK_N, v_col, v_bars, v_smem, i, i < n_blocks)
 
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
@@ -341,7 +343,7 @@ def _build():
             _load(KD, k_row + (j + K_STAGES) * BLOCK_N, k_col, k_bars, k_smem, ks, j + K_STAGES < n_blocks)
             p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, qk_scale, Lk, BLOCK_N, s_layout)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
-            _load(VD, k_row + (j - 1 + V_STAGES) * BLOCK_N, k_col, v_bars, v_smem, vs,
+            _load(VD, v_row + (j - 1 + V_STAGES) * BLOCK_N, v_col, v_bars, v_smem, vs,
                   j - 1 + V_STAGES < n_blocks)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -524,7 +526,7 @@ def _build():
 
     @gluon.jit(do_not_specialize=["n_dp", "sk_units"])
     def attn_fwd_hopper_ws(QD, KD, VD, O, OD, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML,
-                           q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, stride_ob, stride_oh, stride_ol,
+                           q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch, stride_ob, stride_oh, stride_ol,
                            HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
                            REGS_C: gl.constexpr, REGS_P: gl.constexpr, PINGPONG: gl.constexpr,
@@ -539,7 +541,7 @@ def _build():
         cons = (O, OD, o_smem, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty, turn, O,
                 O, O, qk_scale, Lq, Lk, H, KV_GROUP, n_dp, sk_units, WO, WML, stride_ob, stride_oh, stride_ol)
         prod = (QD, KD, VD, q_smem, k_smem, v_smem, q_bars, q_empty, k_full, v_full, k_empty, v_empty,
-                Lq, Lk, H, KV_GROUP, n_dp, sk_units, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, k_rb, k_rh, k_ch)
+                Lq, Lk, H, KV_GROUP, n_dp, sk_units, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch)
         _ws_run(cons, prod, NUM_C, REGS_C, REGS_P)
 
     # ---- 8-bit, warp-specialised: int8 Q·K (the pre-pass's smoothed, scaled copies), P·V in fp8 e4m3
@@ -974,12 +976,12 @@ def launch(q_view, kv_views, o, so, B, H, Hk, Lq, Lk, D, sm_scale, cfg, launch_f
     ks, vs = stages if isinstance(stages, (tuple, list)) else (stages, stages)  # (K ring, V ring) in benches
     if ws:
         nw, vs = 4, ks  # the default partition is the first consumer warpgroup; one ring depth
-    (q2, (q_rb, q_rh, q_ch)), (k2, v2, (k_rb, k_rh, k_ch)) = q_view, kv_views
+    (q2, (q_rb, q_rh, q_ch)), (k2, v2, (k_rb, k_rh, k_ch), (v_rb, v_rh, v_ch)) = q_view, kv_views
     qd = descriptor(q2, (64 if ws else bm, D))
     kd = descriptor(k2, (bn, D))
     vd = descriptor(v2, (bn, D))
     tiles = ((Lq + bm - 1) // bm) * B * H
-    tail = (q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, so[0], so[1], so[2])
+    tail = (q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch, so[0], so[1], so[2])
     consts = {"HEAD_D": D, "BLOCK_M": bm, "BLOCK_N": bn, "K_STAGES": ks, "V_STAGES": vs, "num_warps": nw}
     if ws:
         od, o_tma = out_descriptor(o, so, D, qd)
@@ -1062,7 +1064,8 @@ def compile_spec(dtype, head_dim: int, cfg, ws: bool = False, o_tma: bool = True
     if ws:
         sig["OD"] = desc(64)
     sig["qk_scale"] = "fp32"
-    tail = ("q_rb", "q_rh", "q_ch", "k_rb", "k_rh", "k_ch", "stride_ob", "stride_oh", "stride_ol")
+    tail = ("q_rb", "q_rh", "q_ch", "k_rb", "k_rh", "k_ch", "v_rb", "v_rh", "v_ch", "stride_ob", "stride_oh",
+            "stride_ol")
     for n in ("Lq", "Lk", "H", "KV_GROUP") + (("n_dp", "sk_units", "WO", "WML") if ws else ()) + tail:
         sig[n] = "*fp32" if n in ("WO", "WML") else "i32"
     consts = {"HEAD_D": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "K_STAGES": stages, "V_STAGES": stages,

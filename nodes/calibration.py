@@ -135,8 +135,9 @@ def refresh_backend_state() -> None:
 def attention_key(func_name, q, k, heads, bhld, mask, allowed, cc=None, kv_rows=None) -> str:
     """The calibration key of an attention call's shape class; with ``kv_rows`` (True / False), the class also names
     whether K and V fold into rows as the exact kernel's TMA paths read them (kernels/attention.py ``kv_rows``):
-    Flux's single blocks pass V as a view into the QKV projection, and their exact calls timed 0.54 ms against 0.38
-    for its double blocks' (H200), so one layout's timing must not decide the other's."""
+    where they don't, only the pointer-load exact kernel serves the call (at Flux's shape it timed 0.55 ms against
+    0.39 through TMA, H200), so one layout's timing must not decide the other's. (Flux's and HunyuanVideo's single
+    blocks pass V as a view into their fused projection: such a view folds into rows of the projection's stride.)"""
     if not torch.compiler.is_compiling():
         refresh_backend_state()
     D = q.shape[-1] if bhld else q.shape[-1] // heads

@@ -440,7 +440,62 @@ def test_tma_tile_addressing_in_the_interpreter(layout, D, poison, monkeypatch):
     assert flags and set(flags) == {(True, D == A.block_d_for(D))}
     gen = torch.Generator().manual_seed(1)
     q, k, v = make_qkv(1, 2, 2, 20, 20, D, torch.float16, layout, gen)
-    assert A._tma_view(*(A._split(x, 2, layout == "bhld")[0] for x in (k, v)), 1, 2, 20, D, layout == "bhld")
+    kv = A._tma_view(*(A._split(x, 2, layout == "bhld")[0] for x in (k, v)), 1, 2, 20, D, layout == "bhld")
+    assert kv and kv[2] == kv[3] == ((40, 20, 0) if layout == "bhld" else (20, 0, D))
+
+
+@pytest.mark.parametrize("layout", ["bld", "bhld"])
+@pytest.mark.parametrize("D", [40, 64])
+def test_tma_reads_k_and_v_that_fold_into_rows_of_their_own(layout, D, poison, monkeypatch):
+    # Flux's single blocks hand V over as a view into their fused QKV + MLP projection (rows of 3·H·D + MLP
+    # elements, heads side by side) beside contiguous Q / K copies. Here K is a view into another projection laid
+    # out per head ((B, L, H, 3, D): heads 3·D apart) and V one like Flux's: each gets its own TMA coordinates.
+    monkeypatch.setattr(A, "TMA_IN_INTERPRETER", True)
+    monkeypatch.setenv("TRITONKIT_ATTN_TMA", "1")
+    flags = []
+    real_launch = A.launch_kernel
+
+    def spy(kern, grid, *args, **kw):
+        flags.append(kw["USE_TMA"])
+        return real_launch(kern, grid, *args, **kw)
+    monkeypatch.setattr(A, "launch_kernel", spy)
+    B, H, L = 2, 2, 37
+    gen = torch.Generator().manual_seed(D)
+    for dtype in (torch.float16, torch.bfloat16):
+        flux = torch.randn(B, L, 3 * H * D + 24, generator=gen).to(dtype)  # QKV, then (part of) the MLP's input
+        per_head = torch.randn(B, L, H, 3, D, generator=gen).to(dtype)
+        q = torch.randn(B, H, L, D, generator=gen).to(dtype)
+        k = per_head[:, :, :, 1].transpose(1, 2)
+        v = flux[..., :3 * H * D].view(B, L, 3, H, D)[:, :, 2].transpose(1, 2)
+        if layout == "bld":
+            q, k, v = (x.transpose(1, 2).flatten(2) for x in (q, k, v))
+        bhld = layout == "bhld"
+        k4, v4 = (A._split(x, H, bhld)[0] for x in (k, v))
+        kd, vd = A._tma_view2d(k4, B, H, L, D, bhld), A._tma_view2d(v4, B, H, L, D, bhld)
+        # ((B, L, H·D) can't hold K's per-head layout: flatten copied it)
+        assert kd[1] == (L, 0, 3 * D if bhld else D) and vd[1] == (L, 0, D), (kd[1], vd[1])
+        assert kd[0].stride(0) == (3 if bhld else 1) * H * D and vd[0].stride(0) == 3 * H * D + 24
+        shape = (B, H, L, D) if bhld else (B, L, H * D)
+        out = poison(torch.empty(shape, dtype=dtype))
+        A.attention(q, k, v, H, layout=layout, mode="exact", config=(16, 16, 4, 1), out=out)
+        check(out, A.attention_reference(q, k, v, H, layout=layout), dtype, "exact", f"{layout} D{D} {dtype}")
+    assert flags and set(flags) == {True}
+
+
+def test_operands_that_do_not_fold_into_rows():
+    # what the TMA paths can't read: a window of a longer sequence (a batch is not L rows), heads overlapping in a
+    # row, rows not 16-byte aligned; a size-1 batch's stride is anyone's
+    x = torch.randn(2, 3, 40, 16)
+    assert A._row_fold(x, 3, 40, 16, True) == (16, (120, 40, 0), 16)
+    assert A._row_fold(x[:, :, :32], 3, 32, 16, True) is None
+    assert A._row_fold(x[:1, :, :32], 3, 32, 16, True) is None  # heads still 40 rows apart
+    y = torch.randn(2, 40, 3, 16).transpose(1, 2)  # (B, H, L, D), heads side by side
+    assert A._row_fold(y, 3, 40, 16, True) == (48, (40, 0, 16), 48)
+    assert A._row_fold(y[:, 1:, :, :8], 2, 40, 8, True) == (48, (40, 0, 16), 24)
+    assert A._row_fold(y[:, :, :32], 3, 32, 16, True) is None
+    assert A._row_fold(y[:1, :, :32], 3, 32, 16, True) == (48, (32, 0, 16), 48)
+    assert A._row_fold(torch.randn(2, 40, 40).as_strided((2, 3, 40, 16), (1600, 8, 40, 1)), 3, 40, 16, True) is None
+    assert A._row_fold(torch.randn(2, 3, 40, 20).half()[..., :16], 3, 40, 16, True) is None  # rows of 40 bytes
 
 
 def test_layouts_match_each_other():

@@ -246,29 +246,41 @@ def test_auto_keeps_a_decision_only_while_its_calibration_choice_is_final(monkey
 
 def test_calls_whose_k_v_are_strided_views_are_timed_as_a_class_of_their_own(monkeypatch):
     """auto's calibration key names whether K and V fold into rows as the exact kernel's TMA / Gluon paths read them:
-    Flux's single blocks hand V over as a view into the fused QKV projection (only the pointer-load kernel serves
-    exact there) and its double blocks concatenated copies, and one layout's timing must not decide the other's."""
+    where they don't (here: K / V a window of a longer buffer), only the pointer-load kernel serves exact, and one
+    layout's timing must not decide the other's. Views into a fused projection (Flux's single blocks hand V over so)
+    fold into rows of the projection's stride: they are the contiguous calls' class."""
     monkeypatch.setenv(FORCE, "1")
     asked = []
     monkeypatch.setattr(N.calib.C, "settled", lambda dkey, key: asked.append(key))
     ov = N.make_override("auto")
     func = Calls()
     for bhld in (True, False):
-        B, L, H, D = 1, 24, 2, 16
-        fused = torch.randn(B, L, 3, H, D)  # one projection: q, k, v are views into it
+        B, L, H, D = 2, 24, 2, 16
+        fused = torch.randn(B, L + 8, 3, H, D)  # one projection: q, k, v are views into it
         if bhld:
             q, k, v = fused.permute(2, 0, 3, 1, 4)
             opts = {"skip_reshape": True}
         else:
-            q, k, v = (fused[:, :, i].reshape(B, L, H * D) if i == 0 else fused[:, :, i].flatten(2) for i in range(3))
+            q, k, v = (fused[:, :, i].reshape(B, L + 8, H * D) if i == 0 else fused[:, :, i].flatten(2)
+                       for i in range(3))
             opts = {}
         assert v.stride(-2 if bhld else 1) == 3 * H * D  # a strided view, as in Flux's single blocks
+        window = (lambda x: x[:, :, :L]) if bhld else (lambda x: x[:, :L])
         asked.clear()
-        ov(func, q, k, v, H, **opts)
-        ov(func, q.contiguous(), k.contiguous(), v.contiguous(), H, **opts)
+        ov(func, *(window(x) for x in (q, k, v)), H, **opts)  # K / V: L of L + 8 keys, so a batch is not L rows
+        ov(func, *(window(x).contiguous() for x in (q, k, v)), H, **opts)
         strided, rows = asked
         assert "|kvstrided|" in strided and "|kv2d|" in rows, asked
         assert strided.replace("|kvstrided|", "|kv2d|") == rows  # the same shape class otherwise
+        asked.clear()
+        fl = torch.randn(B, L, 3 * H * D + 40)  # Flux's single blocks: QKV and the MLP's input in one row
+        qkv = fl[..., :3 * H * D].view(B, L, 3, H, D)
+        q, k = (qkv[:, :, i].permute(0, 2, 1, 3).contiguous() for i in range(2))  # normed and rotated: copies
+        v = qkv[:, :, 2].permute(0, 2, 1, 3)
+        if not bhld:
+            q, k, v = (x.transpose(1, 2).flatten(2) for x in (q, k, v))
+        ov(func, q, k, v, H, **opts)
+        assert "|kv2d|" in asked[0], asked
 
 
 class FakePatcher:
