@@ -210,6 +210,20 @@ def warm_gpu(seconds):
     torch.cuda.empty_cache()
 
 
+def gpu_and_bench_rounds(fns: dict, rounds: int, rep: int):
+    """``rounds`` interleaved rounds of the calls ``fns`` (name -> call): each round the calibration's GPU timer over
+    all of them (each call after an L2 flush, queued behind a spin), then ``do_bench`` of ``rep`` ms each. Returns
+    ({name: [GPU ms a round]}, {name: [do_bench ms a round]})."""
+    gpu = {n: [] for n in fns}
+    bench = {n: [] for n in fns}
+    for _ in range(rounds):
+        t = C.cuda_timer_interleaved(fns, warmup=2, reps=15)
+        for n, f in fns.items():
+            gpu[n].append(t[n])
+            bench[n].append(triton.testing.do_bench(f, warmup=5, rep=rep))
+    return gpu, bench
+
+
 def round_ratios(row, live, field="ms_rounds"):
     """Per-round speed ratios of our methods against the anchors timed in the same round (``field``: do_bench's
     ``ms_rounds`` or the queued GPU time's ``gpu_ms_rounds``): {"<ours>/<anchor>": [median, min, max]}."""

@@ -79,13 +79,7 @@ def main() -> int:
                     cos = {n: torch.nn.functional.cosine_similarity(o.float().flatten(), ref, dim=0).item()
                            for n, o in outs.items()}
                     diff = (outs["offset"].float() - outs["i2f"].float()).abs().max().item()
-                    gpu = {n: [] for n in fns}
-                    bench = {n: [] for n in fns}
-                    for _ in range(args.rounds):
-                        t = C.cuda_timer_interleaved(fns, warmup=2, reps=15)
-                        for n, f in fns.items():
-                            gpu[n].append(t[n])
-                            bench[n].append(triton.testing.do_bench(f, warmup=5, rep=args.rep))
+                    gpu, bench = BA.gpu_and_bench_rounds(fns, args.rounds, args.rep)
                     g = {n: statistics.median(x) for n, x in gpu.items()}
                     b = {n: statistics.median(x) for n, x in bench.items()}
                     print(f"{shape} @{arch} P·V {'fp8' if pv else '16-bit'} {cfg}: GPU time offset {g['offset']:.3f} "

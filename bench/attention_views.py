@@ -81,13 +81,7 @@ def main() -> int:
             del out
         torch.cuda.synchronize()
         flops = 4 * B * H * L * L * D
-        gpu = {m: [] for m in fns}
-        bench = {m: [] for m in fns}
-        for _ in range(args.rounds):
-            t = C.cuda_timer_interleaved(fns, warmup=2, reps=15)
-            for m, f in fns.items():
-                gpu[m].append(t[m])
-                bench[m].append(triton.testing.do_bench(f, warmup=5, rep=args.rep))
+        gpu, bench = BA.gpu_and_bench_rounds(fns, args.rounds, args.rep)
         print(f"\n{name} (B{B} H{H} L{L} D{D}; V a view, rows of {v.stride(2)} elements)")
         print("| method | GPU time ms | × cuDNN (GPU time) | do_bench ms | × cuDNN (do_bench) | TFLOPS | cos (worst row) |")
         print("|---|---|---|---|---|---|---|")

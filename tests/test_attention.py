@@ -418,12 +418,9 @@ def test_int64_offsets_path(poison, monkeypatch):
                  poison)
 
 
-@pytest.mark.parametrize("layout", ["bld", "bhld"])
-@pytest.mark.parametrize("D", [40, 64])
-def test_tma_tile_addressing_in_the_interpreter(layout, D, poison, monkeypatch):
-    # Exact mode's TMA path (opt-in, sm90+): K / V tiles through 2-D tensor descriptors, head and
-    # batch offsets as row / column coordinates, padding columns and rows past L_k from the
-    # neighbouring head (bld) or the zero fill (bhld). GQA, a mask and causal on top.
+@pytest.fixture
+def tma_launches(monkeypatch):
+    """Exact mode's TMA path forced in the interpreter; collects (USE_TMA, Q_TMA) of every attention launch."""
     monkeypatch.setattr(A, "TMA_IN_INTERPRETER", True)
     monkeypatch.setenv("TRITONKIT_ATTN_TMA", "1")
     flags = []
@@ -433,6 +430,16 @@ def test_tma_tile_addressing_in_the_interpreter(layout, D, poison, monkeypatch):
         flags.append((kw["USE_TMA"], kw["Q_TMA"]))
         return real_launch(kern, grid, *args, **kw)
     monkeypatch.setattr(A, "launch_kernel", spy)
+    return flags
+
+
+@pytest.mark.parametrize("layout", ["bld", "bhld"])
+@pytest.mark.parametrize("D", [40, 64])
+def test_tma_tile_addressing_in_the_interpreter(layout, D, poison, tma_launches):
+    # Exact mode's TMA path (opt-in, sm90+): K / V tiles through 2-D tensor descriptors, head and
+    # batch offsets as row / column coordinates, padding columns and rows past L_k from the
+    # neighbouring head (bld) or the zero fill (bhld). GQA, a mask and causal on top.
+    flags = tma_launches
     for dtype in (torch.float16, torch.bfloat16):
         run_case(2, 4, 2, 37, 45, D, dtype, layout, layout, "exact", "bool", 2, True, None, (16, 16, 4, 1), D,
                  poison)
@@ -446,19 +453,10 @@ def test_tma_tile_addressing_in_the_interpreter(layout, D, poison, monkeypatch):
 
 @pytest.mark.parametrize("layout", ["bld", "bhld"])
 @pytest.mark.parametrize("D", [40, 64])
-def test_tma_reads_k_and_v_that_fold_into_rows_of_their_own(layout, D, poison, monkeypatch):
+def test_tma_reads_k_and_v_that_fold_into_rows_of_their_own(layout, D, poison, tma_launches):
     # Flux's single blocks hand V over as a view into their fused QKV + MLP projection (rows of 3·H·D + MLP
     # elements, heads side by side) beside contiguous Q / K copies. Here K is a view into another projection laid
     # out per head ((B, L, H, 3, D): heads 3·D apart) and V one like Flux's: each gets its own TMA coordinates.
-    monkeypatch.setattr(A, "TMA_IN_INTERPRETER", True)
-    monkeypatch.setenv("TRITONKIT_ATTN_TMA", "1")
-    flags = []
-    real_launch = A.launch_kernel
-
-    def spy(kern, grid, *args, **kw):
-        flags.append(kw["USE_TMA"])
-        return real_launch(kern, grid, *args, **kw)
-    monkeypatch.setattr(A, "launch_kernel", spy)
     B, H, L = 2, 2, 37
     gen = torch.Generator().manual_seed(D)
     for dtype in (torch.float16, torch.bfloat16):
@@ -479,7 +477,7 @@ def test_tma_reads_k_and_v_that_fold_into_rows_of_their_own(layout, D, poison, m
         out = poison(torch.empty(shape, dtype=dtype))
         A.attention(q, k, v, H, layout=layout, mode="exact", config=(16, 16, 4, 1), out=out)
         check(out, A.attention_reference(q, k, v, H, layout=layout), dtype, "exact", f"{layout} D{D} {dtype}")
-    assert flags and set(flags) == {True}
+    assert tma_launches and {use_tma for use_tma, _ in tma_launches} == {True}
 
 
 def test_operands_that_do_not_fold_into_rows():
