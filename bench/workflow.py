@@ -87,6 +87,7 @@ so a run stopped early still leaves what it measured).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -409,8 +410,6 @@ def _quantized_layers(model) -> int:
 def _fp8_op_kinds(model) -> dict:
     """ComfyUI ops of the diffusion model whose weight is stored in fp8 (QuantizedTensor ones included), counted
     by class name (ComfyUI names each op after the torch layer it stands for: Linear, LayerNorm, RMSNorm, ...)."""
-    import collections
-
     import comfy.ops
     dm = model.get_model_object("diffusion_model")
     return dict(collections.Counter(type(mod).__name__ for _, mod in dm.named_modules()
@@ -558,7 +557,6 @@ _CENSUS: list = []
 
 
 def census_backend(gm, example_inputs):
-    import collections
     ops = collections.Counter()
     for n in gm.graph.nodes:
         if n.op in ("call_function", "call_method", "call_module"):

@@ -973,10 +973,6 @@ def _row_fold(x, Hx, Lx, D, bhld):
     return None
 
 
-def _folds_into_rows(x, Hx, Lx, D, bhld) -> bool:
-    return _row_fold(x, Hx, Lx, D, bhld) is not None
-
-
 def kv_rows(k, v, head_dim: int, bhld: bool) -> bool:
     """Whether K and V, as a caller passes them ((B, H, L, D), or (B, L, H·D) with ``bhld`` False), each fold into
     rows as the TMA and Gluon paths read them (:func:`_row_fold`). Where they don't, exact mode has only the
@@ -990,7 +986,7 @@ def kv_rows(k, v, head_dim: int, bhld: bool) -> bool:
         else:
             return False
         Hx, Lx = (x4.shape[1], x4.shape[2]) if bhld else (x4.shape[2], x4.shape[1])
-        if not _folds_into_rows(x4, Hx, Lx, head_dim, bhld):
+        if _row_fold(x4, Hx, Lx, head_dim, bhld) is None:
             return False
     return True
 
