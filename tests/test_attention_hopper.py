@@ -224,6 +224,33 @@ def test_cuda_gluon_matches_float64(case, poison):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("D", AH.HEADS)
+def test_cuda_gluon_reads_v_as_a_view_into_a_fused_projection(D, poison):
+    """Flux's and HunyuanVideo's single blocks: Q and K contiguous, V a view into the block's fused projection (rows
+    of 3·H·D + MLP elements), which the Gluon kernels read through V's own TMA coordinates: every exact form and the
+    8-bit kernel's 16-bit P·V form against float64."""
+    if not _sm90() or not AH.gluon_available():
+        pytest.skip("the Gluon kernel is for sm90 (Hopper) with Triton's Gluon API")
+    B, H, L = 1, 4, 333
+    gen = torch.Generator().manual_seed(4000 + D)
+    proj = torch.randn(B, L, 3 * H * D + 64, generator=gen).to(torch.bfloat16).cuda()
+    qkv = proj[..., :3 * H * D].view(B, L, 3, H, D).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv[0].contiguous(), qkv[1].contiguous(), qkv[2]
+    assert A._tma_view2d(v, B, H, L, D, True)[1] == (L, 0, D)
+    ref = A.attention_reference(q, k, v, H, layout="bhld")
+    for variant in A.GLUON_VARIANTS:
+        cfg = AH.candidates(D, ws=A._GLUON_WS[variant])[0]
+        out = poison(torch.empty(ref.shape, dtype=torch.bfloat16, device="cuda"))
+        A.attention(q, k, v, H, layout="bhld", config=tuple(cfg) + (variant,), out=out)
+        check(out, ref, torch.bfloat16, "exact", f"V a view, cfg {cfg} variant {variant}")
+    out = poison(torch.empty(ref.shape, dtype=torch.bfloat16, device="cuda"))
+    A.attention(q, k, v, H, layout="bhld", mode="int8", pv="half",
+                config=tuple(AH.candidates8(D, False)[0]) + (A.G8_HALF,), out=out)
+    g, worst, finite, n = cos_stats(out, ref)
+    assert finite and g >= EIGHT_BIT_GOAL[0] and worst >= EIGHT_BIT_GOAL[1] and abs(n - 1) < NORM_TOL, (g, worst, n)
+
+
+@pytest.mark.gpu
 def test_cuda_auto_times_the_gluon_kernel(poison, monkeypatch):
     if not _sm90() or not AH.gluon_available():
         pytest.skip("the Gluon kernel is for sm90 (Hopper) with Triton's Gluon API")
