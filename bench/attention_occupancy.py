@@ -31,10 +31,10 @@ from attention_sass import compile_aligned, ptxas_usage  # noqa: E402
 
 RESERVED = 1024  # shared memory the driver keeps for each CTA (sm80+)
 REGS_PER_SM = 65536
-MAX_THREADS = {86: 1536, 89: 1536, 120: 1536}
+MAX_THREADS = 1536  # threads an SM on sm86, sm89 and sm120
 
 
-def ctas_per_sm(shared: int, regs: int, num_warps: int, smem_per_sm: int, max_threads: int = 1536) -> int:
+def ctas_per_sm(shared: int, regs: int, num_warps: int, smem_per_sm: int, max_threads: int = MAX_THREADS) -> int:
     """CTAs an SM of a kernel with ``shared`` bytes of shared memory and ``regs`` registers a thread, on an SM with
     ``smem_per_sm`` bytes (each CTA also takes the driver's RESERVED) and 64 K registers, allotted a warp at a time
     in units of 256 (a thread's count rounded up to 8)."""
@@ -47,8 +47,10 @@ def card_ctas(cfg, cc: int, head: int, pv: int, card_smem: int):
     """(CTAs an SM on the card, the kernel's shared memory and registers there) for this config compiled for ``cc``."""
     spec = A._spec(torch.bfloat16, True, head, cfg, (cc,), pv_mode=pv, align8=pv == 1)
     k = compile_aligned(spec, cc)
-    regs = (ptxas_usage(k, cc) or (255, 0))[0]
-    return ctas_per_sm(k.metadata.shared, regs, cfg[2], card_smem, MAX_THREADS.get(cc, 1536)), k.metadata.shared, regs
+    usage = ptxas_usage(k, cc)
+    if usage is None:
+        raise SystemExit(f"no ptxas for sm{cc} beside this Triton: the card's registers cannot be read")
+    return ctas_per_sm(k.metadata.shared, usage[0], cfg[2], card_smem), k.metadata.shared, usage[0]
 
 
 def _kernels() -> dict:
