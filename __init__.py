@@ -32,6 +32,15 @@ try:
 except Exception:
     log.exception("TritonKit: could not choose ptxas")
 
+# A simulated older GPU (TRITONKIT_FORCE_ARCH below 90): Triton compiles tl.dot with that card's mma.sync, not
+# Hopper's wgmma (nodes/arch.py), set before the compile workers below start and before any compile.
+try:
+    if importlib.import_module(".nodes.arch", __name__).card_instructions(os.environ):
+        log.info("TritonKit: TRITONKIT_FORCE_ARCH=%s: Triton compiles without wgmma (DISABLE_MMA_V3=1), as that "
+                 "card's Triton must", os.environ.get("TRITONKIT_FORCE_ARCH"))
+except Exception:
+    log.exception("TritonKit: could not apply TRITONKIT_FORCE_ARCH's instructions")
+
 # Compile workers (kernels/compile_pool.py), where Triton's cache holds none of the pack's kernels yet or the user
 # turned them on (TRITONKIT_COMPILE_WORKERS): started now, in the background (the check too), so that they have
 # imported torch and Triton before the first step needs them.

@@ -307,6 +307,11 @@ def _driver_version() -> str:
         return "unknown"
 
 
+def mma_v3_disabled() -> bool:
+    """Triton's DISABLE_MMA_V3 is on (as Triton reads it): tl.dot compiles to mma.sync, not wgmma, on sm90+."""
+    return os.environ.get("DISABLE_MMA_V3", "").lower() in ("1", "true", "on")
+
+
 def environment(device) -> dict:
     """What a timing depends on, for ``device``."""
     import triton
@@ -317,6 +322,8 @@ def environment(device) -> dict:
         props = torch.cuda.get_device_properties(dev)
         env.update(gpu=props.name, cc=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
                    cuda=torch.version.cuda or "", driver=_driver_version())
+        if props.major >= 9 and mma_v3_disabled():  # a simulated older card (nodes/arch.py): other kernels
+            env["mma_v3"] = "off"
     else:
         env.update(gpu=dev.type)
     return env

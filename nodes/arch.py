@@ -35,6 +35,32 @@ def parse_arch(value: str) -> Optional[int]:
     return int(v)
 
 
+# Triton's own switch (read when it compiles; part of its on-disk cache key): no wgmma (MMAv3) for tl.dot on
+# sm90+, the ``mma.sync`` an sm8x / sm120 card's Triton emits instead.
+MMA_V3_ENV = "DISABLE_MMA_V3"
+
+
+def card_instructions(environ) -> Optional[str]:
+    """Under ``TRITONKIT_FORCE_ARCH`` below 90, have Triton compile ``tl.dot`` as that card's Triton must, with
+    ``mma.sync`` instead of Hopper's wgmma (``DISABLE_MMA_V3=1`` in ``environ``), unless ``environ`` already says
+    either way. Returns the value it set, or None. On an H200 the simulated sm89 8-bit kernel ran 5.44 ms a call
+    at HunyuanVideo's shape as wgmma code and 14.6 as mma.sync (BENCHMARKS.md, forty-ninth session): a card
+    without wgmma is only simulated with its instructions. For the whole process, set before its first compile:
+    Triton keys its in-memory kernels without this variable, and compile workers keep the environment they
+    start with."""
+    value = environ.get(ARCH_ENV, "").strip()
+    if not value or MMA_V3_ENV in environ:
+        return None
+    try:
+        arch = parse_arch(value)
+    except ValueError:
+        return None  # effective_arch's callers report a bad value
+    if arch is None or arch >= 90:
+        return None
+    environ[MMA_V3_ENV] = "1"
+    return "1"
+
+
 def arch_forced() -> bool:
     return bool(os.environ.get(ARCH_ENV, "").strip())
 

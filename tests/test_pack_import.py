@@ -19,7 +19,8 @@ LOAD = textwrap.dedent("""
     spec.loader.exec_module(mod)
     print(json.dumps({"nodes": sorted(mod.NODE_CLASS_MAPPINGS), "web": mod.WEB_DIRECTORY,
                       "triton_cache": os.environ.get("TRITON_CACHE_DIR"),
-                      "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
+                      "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+                      "mma_v3": os.environ.get("DISABLE_MMA_V3")}))
 """)
 
 
@@ -34,13 +35,24 @@ def _pack_copy(tmp_path, folder_name):
     return pack
 
 
-def _load(pack, env_extra=None):
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
+def _load(pack, env_extra=None, drop=()):
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", *drop)}
     env.update(env_extra or {})
     r = subprocess.run([sys.executable, "-c", LOAD, str(pack)], capture_output=True, text=True, env=env,
                        timeout=300, cwd=pack.parent)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+def test_a_simulated_older_card_compiles_with_its_mma_from_import(tmp_path):
+    """TRITONKIT_FORCE_ARCH=86: Triton's DISABLE_MMA_V3 is set while the pack loads, before its compile workers
+    start (they keep the environment they start with); a forced sm90 leaves it unset."""
+    pack = _pack_copy(tmp_path, "ComfyUI-TritonKit")
+    clean = {"DISABLE_MMA_V3": ""}
+    res, err = _load(pack, {"TRITONKIT_FORCE_ARCH": "86"}, drop=clean)
+    assert res["mma_v3"] == "1" and "could not" not in err, err
+    res, _ = _load(pack, {"TRITONKIT_FORCE_ARCH": "90"}, drop=clean)
+    assert res["mma_v3"] is None
 
 
 def test_pack_imports_under_any_folder_name_outside_comfyui(tmp_path):
