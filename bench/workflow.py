@@ -685,6 +685,32 @@ def _fp8_compute_key(arch: str) -> str:
     return "native" if arch == "native" or int(arch) >= 89 else "no-fp8-compute"
 
 
+SIM_MMA = ("auto", "sync", "wgmma")
+
+
+def sim_mma(runs, choice: str, environ) -> str:
+    """How Triton compiles ``tl.dot`` for this process's runs, set in ``environ`` before the first compile:
+    ``sync`` (DISABLE_MMA_V3=1: ``mma.sync``, the only MMA an RTX 30xx / 40xx's Triton emits) for a plan whose
+    runs are all simulated below sm90, ``wgmma`` (Hopper's, as before the forty-ninth session) otherwise; ``auto``
+    picks sync where the plan allows it. One setting a process: Triton's in-memory kernels are not keyed on it
+    (nodes/arch.py). Returns what the run records."""
+    if choice not in SIM_MMA:
+        raise ValueError(f"--sim-mma must be one of {SIM_MMA}, got {choice!r}")
+    sims = sorted({r.arch for r in runs if r.arch != "native" and int(r.arch) < 90})
+    other = sorted({r.label for r in runs if r.arch == "native" or int(r.arch) >= 90})
+    if choice == "sync" and other:
+        raise SystemExit(f"--sim-mma sync: the plan also runs {', '.join(other)} on this GPU's own instructions, "
+                         "and one process compiles with or without wgmma; run the simulated configurations "
+                         "(@86, @89) in a plan of their own")
+    if choice == "wgmma" or not sims or other:
+        environ.pop("DISABLE_MMA_V3", None)
+        why = "as chosen" if choice == "wgmma" else ("no simulated run" if not sims else
+                                                   "the plan mixes native and simulated runs")
+        return f"wgmma where the GPU has it ({why})"
+    environ["DISABLE_MMA_V3"] = "1"
+    return f"mma.sync for the simulated sm{'/'.join(sims)} runs (DISABLE_MMA_V3=1)"
+
+
 def versions(device: str) -> dict:
     v = {"python": platform.python_version(), "torch": torch.__version__}
     try:
@@ -698,6 +724,8 @@ def versions(device: str) -> dict:
         v["comfyui"] = comfyui_version.__version__
     except Exception:
         v["comfyui"] = "?"
+    v["triton_mma_v3"] = "off (DISABLE_MMA_V3)" if os.environ.get("DISABLE_MMA_V3", "").lower() in (
+        "1", "true", "on") else "on"
     if device == "cuda" and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         v["gpu"] = p.name
@@ -1643,8 +1671,15 @@ def main(argv=None):
     ap.add_argument("--warm-rounds", action="store_true", help="compiled (TorchCompileModel) runs keep Inductor's "
                     "caches per model, configuration and arch: round 1 compiles cold, later rounds load their own "
                     "configuration's graphs (their compile column is then a cache load)")
+    ap.add_argument("--sim-mma", choices=SIM_MMA, default="auto",
+                    help="how Triton compiles tl.dot for @86 / @89 runs on an sm90+ GPU: sync (mma.sync, as those "
+                         "cards' Triton must; the plan must hold simulated runs only), wgmma (Hopper's), auto "
+                         "(sync where the plan holds simulated runs only)")
     ap.add_argument("--overrides-json", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    plan_runs = [Run.parse(s) for s in (a.plan or PRESETS[a.preset]["plan"]).split(",") if s.strip()]
+    mma = sim_mma(plan_runs, a.sim_mma, os.environ)  # before anything compiles
+    print(f"[workflow] Triton's MMA: {mma}")
     if os.environ.get(TRACE_ENV) and not compile_trace.install():
         print(f"[workflow] {TRACE_ENV}: this Triton has no compilation listener; nothing is traced")
     # the pack's INFO lines (calibration, compile summaries): a --restart process's are kept in the JSON

@@ -583,3 +583,22 @@ def test_a_round_that_calibrated_in_every_step_is_reported_apart():
     assert fp8["x_default_same_mode"]["n"] == 3 and "calibrating_rounds" not in fp8 and fp8["never_slower"] is False
     assert "calibrated in every step: its s/step holds the calibration" in md
     assert "| hunyuan:both | 3 |" in md and "hunyuan:both: " in md and "| hunyuan:default | 3 |" in md
+
+
+def test_simulated_runs_compile_with_the_cards_mma():
+    import workflow as wf
+    sims = [wf.Run.parse(s) for s in ("hunyuan-scaled:default@89", "hunyuan-scaled:both@89", "flux:both@86")]
+    mixed = sims + [wf.Run.parse("hunyuan-scaled:both")]
+    for choice in ("auto", "sync"):
+        env = {}
+        assert "mma.sync" in wf.sim_mma(sims, choice, env) and env == {"DISABLE_MMA_V3": "1"}
+    env = {"DISABLE_MMA_V3": "1"}  # a leftover from the shell: the plan decides
+    assert "mixes native and simulated" in wf.sim_mma(mixed, "auto", env) and env == {}
+    env = {}
+    assert "as chosen" in wf.sim_mma(sims, "wgmma", env) and env == {}
+    with pytest.raises(SystemExit, match="hunyuan-scaled:both on this GPU's own instructions"):
+        wf.sim_mma(mixed, "sync", {})
+    with pytest.raises(ValueError):
+        wf.sim_mma(sims, "mma", {})
+    env = {}
+    assert "no simulated run" in wf.sim_mma([wf.Run.parse("flux:both"), wf.Run.parse("flux:both@90")], "auto", env)
