@@ -542,9 +542,12 @@ _CANDIDATES_TMA = {
 # so a third stage fits beside 64-key blocks at head 128 (90 KB). Only configs that compile for
 # sm86 with no more spills than the default (ptxas -v, Triton 3.8: 388 bytes at (128, 64, 8, 2/3));
 # (128, 64, 4, 3), the Hopper int8 pick, spills 1.7 KB there and is left out.
+# (128, 64, 8, 4): a fourth stage, 90 KB at sm86 with 16-bit P·V, no spills at sm86 / 89 / 120; as mma.sync code
+# (the cards' instruction, DISABLE_MMA_V3=1) on an H200 3 % faster than (128, 64, 8, 3) at HunyuanVideo's and
+# Flux's shapes (BENCHMARKS.md, forty-ninth session).
 _CANDIDATES_INT8 = {
     "sm86": {64: [(128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
-             128: [(128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 4, 2), (128, 64, 8, 3)],
+             128: [(128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 4, 2), (128, 64, 8, 3), (128, 64, 8, 4)],
              256: [(64, 32, 4, 2), (32, 32, 4, 2)]},
     "sm90": {64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 128, 4, 3)],
              128: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 4)],
@@ -573,9 +576,13 @@ def _dbucket(block_d: int) -> int:
 
 
 def _smem_bytes(cfg, block_d, in_bytes, int8):
+    """A config's shared memory: its Q tile and K / V stages. The 8-bit kernel's follows Triton's allocation,
+    ``stages - 1`` ring buffers (measured at sm86 / 89 / 120 with Triton 3.3-3.8: (128, 64, 8, 4) takes 90 KB at
+    head 128); the exact kernel's keeps ``stages``, the older, larger estimate its tables were chosen under."""
     bm, bn, _, stages = cfg
     kb = 1 if int8 else in_bytes
-    return stages * bn * block_d * (kb + in_bytes) + bm * block_d * kb
+    rings = max(stages - 1, 1) if int8 else stages
+    return rings * bn * block_d * (kb + in_bytes) + bm * block_d * kb
 
 
 def candidates(cc: int, block_d: int, in_bytes: int = 2, int8: bool = False):

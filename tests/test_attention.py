@@ -652,15 +652,20 @@ def test_compiles_for_every_arch():
 def test_sm86_family_int8_candidates_compile_within_its_shared_memory():
     """The int8 configs of the ~100 KB-shared-memory family that COMPILE_SPECS does not cover (only
     each table's first config is there): on sm86 with 16-bit P·V, on sm89 and sm120 with fp8 P·V,
-    down to the cubin, inside the family's shared-memory budget."""
+    down to the cubin, inside the family's shared-memory budget and its own estimate. Compiled as the launcher
+    specialises aligned tensors (tt.divisibility): only then are K / V pipelined through shared memory."""
     default = A.candidates(86, 128, 2, True)[0]
     extra = [c for c in A.candidates(86, 128, 2, True) if c != default and c[3] >= 3 and c[0] == 128]
-    assert extra, "the 3-stage 128-row int8 config is a candidate on sm86"
+    assert (128, 64, 8, 3) in extra and (128, 64, 8, 4) in extra
     for cc, pv in ((86, 0), (89, 1), (120, 1)):
         for cfg in extra:
             kernel, sig, consts, opts = A._spec(torch.bfloat16, True, 128, cfg, (cc,), pv_mode=pv, align8=True)
-            k = compile_for(kernel, sig, consts, cc, opts["num_warps"], opts["num_stages"])
-            assert len(k.asm["cubin"]) and k.metadata.shared <= A._SMEM["sm86"], (cc, cfg, k.metadata.shared)
+            aligned = tuple(n for n in sig if (sig[n].startswith("*") or n.startswith("stride_"))
+                            and not n.startswith(("stride_m", "stride_qs", "stride_ks")))
+            k = compile_for(kernel, sig, consts, cc, opts["num_warps"], opts["num_stages"], divisible=aligned)
+            shared = k.metadata.shared
+            assert len(k.asm["cubin"]) and shared <= A._SMEM["sm86"], (cc, cfg, shared)
+            assert shared <= A._smem_bytes(cfg, 128, 2, True) + 1024, (cc, cfg, shared)  # the estimate holds
 
 
 @pytest.mark.parametrize("cc, head, perm", [(90, 128, True), (90, 64, True), (89, 128, False)])
