@@ -10,7 +10,9 @@ no more CTAs an SM than the card (Triton's own launches; TRITONKIT_FAST_LAUNCH=0
     python bench/attention_occupancy.py [--arch 89] [--pv fp8] [--shapes hunyuan,flux]
                                         [--configs "64,64,4,3;64,128,4,3"] [--card-smem-kb 100] [--rounds 5]
 
-Only the occupancy is matched: the card's clocks, its MMA and exp2 rates and its memory bandwidth are not. The
+Below sm90 the configs compile with the card's MMA instruction (``DISABLE_MMA_V3=1``, mma.sync: nodes/arch.py) unless
+the environment sets it; the forty-eighth session's figures were wgmma code. Only the occupancy is matched: the
+card's clocks, its MMA and exp2 rates and its memory bandwidth are not. The
 raise works on Triton's CompiledKernel (its metadata's ``shared``), which Triton 3.6 reads at load and at launch."""
 from __future__ import annotations
 
@@ -92,6 +94,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rep", type=int, default=40)
     a = ap.parse_args()
+    if a.arch < 90:  # the simulated card's MMA instruction (mma.sync, not wgmma), before anything compiles
+        os.environ.setdefault("DISABLE_MMA_V3", "1")
     os.environ["TRITONKIT_FAST_LAUNCH"] = "0"  # (the raise is seen by Triton's launch path only; read at each call)
     pv = 1 if a.pv == "fp8" else 0
     cfgs = [tuple(int(x) for x in c.split(",")) for c in a.configs.split(";")]
@@ -99,7 +103,8 @@ def main() -> int:
     sm_smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
     block_max = getattr(props, "shared_memory_per_block_optin", sm_smem - RESERVED)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
-          f"sm{a.arch} simulated, {a.card_smem_kb} KB an SM; here {sm_smem // 1024} KB", flush=True)
+          f"sm{a.arch} simulated, {a.card_smem_kb} KB an SM; here {sm_smem // 1024} KB; "
+          f"DISABLE_MMA_V3={os.environ.get('DISABLE_MMA_V3', '')}", flush=True)
     for sname in a.shapes.split(","):
         B, H, L, D = SHAPES[sname]
         torch.manual_seed(0)

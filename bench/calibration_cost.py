@@ -141,6 +141,15 @@ def child(args) -> dict:
             "steady_ms": {n: round(statistics.median(t), 4) for n, t in steady.items()}}
 
 
+def _pack_arch():
+    """The pack's nodes/arch.py on its own (no relative imports)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_tk_arch", Path(__file__).resolve().parents[1] / "nodes" / "arch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="wan", choices=sorted(SHAPES))
@@ -162,6 +171,7 @@ def main():
     env0 = dict(os.environ)
     if args.arch:
         env0["TRITONKIT_FORCE_ARCH"] = str(args.arch)
+        _pack_arch().card_instructions(env0)  # below sm90: mma.sync, as the pack sets it at load (nodes/arch.py)
 
     def one(config: str) -> dict:
         env = dict(env0, TRITONKIT_CALIBRATION_DIR=tempfile.mkdtemp(prefix="tk-calcost-"))

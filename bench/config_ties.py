@@ -13,11 +13,15 @@ rounds:
 
     python3 bench/config_ties.py [--configs 128,64,8,3 64,64,4,3] [--tokens 18616] [--heads 24]
                                  [--rounds 5] [--burst 20] [--arch 86] [--json out.json]
+
+Below sm90 the configs compile with the card's MMA instruction (``DISABLE_MMA_V3=1``, mma.sync: nodes/arch.py)
+unless the environment sets it; figures before the forty-ninth session were wgmma code.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import types
@@ -61,6 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--burst", type=int, default=20)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
+    if a.arch < 90:  # the simulated card's MMA instruction (mma.sync, not wgmma), before anything compiles
+        os.environ.setdefault("DISABLE_MMA_V3", "1")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 0
@@ -92,7 +98,8 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name()
     import triton
     print(f"{gpu}, torch {torch.__version__}, Triton {triton.__version__}; {a.mode} attention, "
-          f"B1 H{a.heads} L{a.tokens} D{a.head_dim}, pv {a.pv}, @{a.arch}; ms a call, median (min-max) of "
+          f"B1 H{a.heads} L{a.tokens} D{a.head_dim}, pv {a.pv}, @{a.arch} (DISABLE_MMA_V3="
+          f"{os.environ.get('DISABLE_MMA_V3', '')}); ms a call, median (min-max) of "
           f"{a.rounds} rounds")
     print("| config | isolated | sustained | in context |")
     print("|---|---:|---:|---:|")
