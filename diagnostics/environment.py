@@ -213,6 +213,23 @@ def c_compiler(env: dict | None = None, platform: str = sys.platform, triton_dir
     return {"kind": None, "path": None, "note": "no C compiler found"}
 
 
+# ---------------------------------------------------------------------------- simulated GPU
+
+def simulation(env: dict | None = None, cc: tuple | None = None) -> dict:
+    """What makes this process behave as another GPU: ``TRITONKIT_FORCE_ARCH`` (the pack's choices as on that
+    arch) and Triton's ``DISABLE_MMA_V3`` (``tl.dot`` without Hopper's wgmma; the pack sets it with a forced arch
+    below 90, nodes/arch.py). ``cc``: this GPU's (major, minor). On an sm90+ GPU with no forced arch the variable
+    only slows Triton's matmuls, torch.compile's included: the note says to unset it."""
+    env = os.environ if env is None else env
+    forced = (env.get("TRITONKIT_FORCE_ARCH") or "").strip() or None
+    mma_off = env.get("DISABLE_MMA_V3", "").lower() in ("1", "true", "on")  # as Triton reads it
+    note = None
+    if mma_off and not forced and cc is not None and cc[0] >= 9:
+        note = ("DISABLE_MMA_V3 is set with no TRITONKIT_FORCE_ARCH: Triton and torch.compile run this GPU's "
+                "matmuls without wgmma, slower; unset it")
+    return {"forced_arch": forced, "mma_v3_disabled": mma_off, "note": note}
+
+
 # ---------------------------------------------------------------------------- caches
 
 def bundled_ptxas(triton_dir: str, platform: str = sys.platform) -> str:

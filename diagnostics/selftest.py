@@ -147,6 +147,7 @@ def collect_environment(python_dir: str | None = None) -> dict:
     gpu.update(envmod.gpu_class(cc))
     gpu["tensor_core_dot"] = _tensor_core_dot(cc) if triton_error is None else None
     rep["gpu"] = gpu
+    rep["simulation"] = envmod.simulation(cc=cc)
     rep["c_compiler"] = envmod.c_compiler(triton_dir=triton_dir)
     rep["cuda_path"] = os.environ.get("CUDA_PATH")
     rep["ptxas"] = envmod.ptxas_in_use(triton_dir=triton_dir)
@@ -212,6 +213,12 @@ def format_report(rep: dict) -> str:
         lines.append(f"  tl.dot on this GPU: FMA units, no tensor cores (Triton {tr.get('version')}; Triton 3.3+ "
                      "dropped MMA below sm80): the pack's attention and fused fp8 linear stay off, ComfyUI's "
                      "paths serve it; the fp8 decode still runs")
+    sim = rep.get("simulation") or {}
+    if sim.get("forced_arch") or sim.get("mma_v3_disabled"):
+        lines.append(f"Simulated GPU: TRITONKIT_FORCE_ARCH={sim.get('forced_arch') or '(not set)'}; Triton's tl.dot "
+                     + ("without wgmma (DISABLE_MMA_V3)" if sim.get("mma_v3_disabled") else "as this GPU's own"))
+        if sim.get("note"):
+            lines.append(f"  {sim['note']}")
     c = rep["c_compiler"]
     lines.append(f"C compiler: {c['kind'] or 'none'}" + (f" ({c['path']})" if c.get("path") else "")
                  + (f" - {c['note']}" if c.get("note") else ""))

@@ -263,3 +263,18 @@ def test_selftest_cuda_passes():
     rep = selftest.full_report(device="cuda")
     assert rep["ok"], selftest.format_report(rep)
     assert rep["gpu"]["cc"] and rep["selftest"]["backend"].startswith("CUDA")
+
+
+def test_report_names_a_simulated_gpu_and_a_leftover_mma_switch():
+    assert env.simulation({}, (9, 0)) == {"forced_arch": None, "mma_v3_disabled": False, "note": None}
+    sim = env.simulation({"TRITONKIT_FORCE_ARCH": "86", "DISABLE_MMA_V3": "1"}, (9, 0))
+    assert sim == {"forced_arch": "86", "mma_v3_disabled": True, "note": None}
+    lines = _report_lines({"simulation": sim})
+    assert "Simulated GPU: TRITONKIT_FORCE_ARCH=86; Triton's tl.dot without wgmma (DISABLE_MMA_V3)" in lines
+    # set with no forced arch on a Hopper GPU: only slower matmuls, so the report says to unset it
+    left = env.simulation({"DISABLE_MMA_V3": "True"}, (9, 0))
+    assert left["mma_v3_disabled"] and "unset it" in left["note"]
+    assert any("unset it" in ln for ln in _report_lines({"simulation": left}))
+    assert env.simulation({"DISABLE_MMA_V3": "1"}, (8, 6))["note"] is None  # no wgmma there anyway
+    assert env.simulation({"DISABLE_MMA_V3": "yes"}, (9, 0))["mma_v3_disabled"] is False  # Triton reads 1/true/on
+    assert not any(ln.startswith("Simulated GPU") for ln in _report_lines({"simulation": env.simulation({}, None)}))
