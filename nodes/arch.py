@@ -43,9 +43,9 @@ MMA_V3_ENV = "DISABLE_MMA_V3"
 def card_instructions(environ) -> Optional[str]:
     """Under ``TRITONKIT_FORCE_ARCH`` below 90, have Triton compile ``tl.dot`` as that card's Triton must, with
     ``mma.sync`` instead of Hopper's wgmma (``DISABLE_MMA_V3=1`` in ``environ``), unless ``environ`` already says
-    either way. Returns the value it set, or None. On an H200 the simulated sm89 8-bit kernel ran 5.44 ms a call
-    at HunyuanVideo's shape as wgmma code and 14.6 as mma.sync (BENCHMARKS.md, forty-ninth session): a card
-    without wgmma is only simulated with its instructions. For the whole process, set before its first compile:
+    either way. Returns the value it set, or None. On an H200 the simulated sm86 path's 8-bit pick ran 6.09 ms a
+    call at HunyuanVideo's shape as wgmma code and 8.66 as mma.sync, against FA2's 9.35 (BENCHMARKS.md,
+    forty-ninth session): a card without wgmma is only simulated with its instructions. For the whole process, set before its first compile:
     Triton keys its in-memory kernels without this variable, and compile workers keep the environment they
     start with."""
     value = environ.get(ARCH_ENV, "").strip()
