@@ -7,6 +7,9 @@
 #            its calibration store (the `auto` picks' timings) to attn_cal/
 #   HUN_S    HunyuanVideo scaled-fp8 eager rounds, @86 / @89 / native, default against both nodes
 #            (2 rounds, 3 steps; HUN_PLAN, HUN_ROUNDS replace the plan and the rounds)
+#            FLUX_PLAN / HUN_PLAN: the default plans mix @86 / @89 with native runs, so their simulated runs compile
+#            as Hopper (wgmma) code (bench/workflow.py --sim-mma auto says so in the log); a plan of @86 / @89 runs
+#            only compiles them with mma.sync, as the cards' Triton does
 #   REG_S    issue 13: Flux through the Triton Compile Model @86, cold compile (empty cache folders), the
 #            second size, and a warm restart in a new process (4 steps; REG_PLAN, REG_PRESET, REG_STEPS
 #            replace the plan, the preset and the steps; TK_BENCH_TRACE_COMPILES=1 prints which Triton
