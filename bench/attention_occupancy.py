@@ -30,6 +30,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention import A, SHAPES  # noqa: E402  (the pack's kernels, through bench/attention.py's import shim)
 from attention_sass import compile_aligned, ptxas_usage  # noqa: E402
+from tritonkit.nodes.arch import card_mma  # noqa: E402
 
 RESERVED = 1024  # shared memory the driver keeps for each CTA (sm80+)
 REGS_PER_SM = 65536
@@ -94,8 +95,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rep", type=int, default=40)
     a = ap.parse_args()
-    if a.arch < 90:  # the simulated card's MMA instruction (mma.sync, not wgmma), before anything compiles
-        os.environ.setdefault("DISABLE_MMA_V3", "1")
+    card_mma(a.arch, os.environ)  # the simulated card's MMA instruction (mma.sync, not wgmma), before any compile
     os.environ["TRITONKIT_FAST_LAUNCH"] = "0"  # (the raise is seen by Triton's launch path only; read at each call)
     pv = 1 if a.pv == "fp8" else 0
     cfgs = [tuple(int(x) for x in c.split(",")) for c in a.configs.split(";")]

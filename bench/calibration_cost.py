@@ -84,7 +84,9 @@ def child(args) -> dict:
     # checkout importable as the package ``tritonkit``)
     from attention_host import attention_pytorch
     from tritonkit.kernels import compile_pool
-    compile_pool.start_at_launch(background=True)  # what the pack's __init__ does at ComfyUI's start
+    from tritonkit.nodes.arch import card_instructions
+    card_instructions(os.environ)  # what the pack's __init__ does at ComfyUI's start: the forced arch's MMA, then
+    compile_pool.start_at_launch(background=True)  # the compile workers
     from tritonkit.kernels import calibration as C
     from tritonkit.kernels import prepare, tuning
     from tritonkit.nodes import attention as NA
@@ -141,15 +143,6 @@ def child(args) -> dict:
             "steady_ms": {n: round(statistics.median(t), 4) for n, t in steady.items()}}
 
 
-def _pack_arch():
-    """The pack's nodes/arch.py on its own (no relative imports)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("_tk_arch", Path(__file__).resolve().parents[1] / "nodes" / "arch.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="wan", choices=sorted(SHAPES))
@@ -171,7 +164,6 @@ def main():
     env0 = dict(os.environ)
     if args.arch:
         env0["TRITONKIT_FORCE_ARCH"] = str(args.arch)
-        _pack_arch().card_instructions(env0)  # below sm90: mma.sync, as the pack sets it at load (nodes/arch.py)
 
     def one(config: str) -> dict:
         env = dict(env0, TRITONKIT_CALIBRATION_DIR=tempfile.mkdtemp(prefix="tk-calcost-"))

@@ -65,12 +65,12 @@ def main(argv=None) -> int:
     ap.add_argument("--burst", type=int, default=20)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    if a.arch < 90:  # the simulated card's MMA instruction (mma.sync, not wgmma), before anything compiles
-        os.environ.setdefault("DISABLE_MMA_V3", "1")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 0
     A, C = _pack()
+    from tritonkit.nodes.arch import card_mma
+    card_mma(a.arch, os.environ)  # the simulated card's MMA instruction (mma.sync, not wgmma), before any compile
     dev = torch.device("cuda")
     hd = a.heads * a.head_dim
     g = torch.Generator(device=dev).manual_seed(0)

@@ -40,25 +40,27 @@ def parse_arch(value: str) -> Optional[int]:
 MMA_V3_ENV = "DISABLE_MMA_V3"
 
 
-def card_instructions(environ) -> Optional[str]:
-    """Under ``TRITONKIT_FORCE_ARCH`` below 90, have Triton compile ``tl.dot`` as that card's Triton must, with
-    ``mma.sync`` instead of Hopper's wgmma (``DISABLE_MMA_V3=1`` in ``environ``), unless ``environ`` already says
-    either way. Returns the value it set, or None. On an H200 the simulated sm86 path's 8-bit pick ran 6.09 ms a
-    call at HunyuanVideo's shape as wgmma code and 8.66 as mma.sync, against FA2's 9.35 (BENCHMARKS.md,
-    forty-ninth session): a card without wgmma is only simulated with its instructions. For the whole process, set before its first compile:
-    Triton keys its in-memory kernels without this variable, and compile workers keep the environment they
-    start with."""
-    value = environ.get(ARCH_ENV, "").strip()
-    if not value or MMA_V3_ENV in environ:
-        return None
-    try:
-        arch = parse_arch(value)
-    except ValueError:
-        return None  # effective_arch's callers report a bad value
-    if arch is None or arch >= 90:
+def card_mma(arch: Optional[int], environ) -> Optional[str]:
+    """For a GPU of ``arch`` simulated on a newer one: below 90, have Triton compile ``tl.dot`` as that card's
+    Triton must, with ``mma.sync`` instead of Hopper's wgmma (``DISABLE_MMA_V3=1`` in ``environ``), unless
+    ``environ`` already says either way. Returns the value it set, or None. On an H200 the simulated sm86 path's
+    8-bit pick ran 6.09 ms a call at HunyuanVideo's shape as wgmma code and 8.66 as mma.sync, against FA2's 9.35
+    (BENCHMARKS.md, forty-ninth session): a card without wgmma is only simulated with its instructions. For the
+    whole process, set before its first compile: Triton keys its in-memory kernels without this variable, and
+    compile workers keep the environment they start with."""
+    if arch is None or arch >= 90 or MMA_V3_ENV in environ:
         return None
     environ[MMA_V3_ENV] = "1"
     return "1"
+
+
+def card_instructions(environ) -> Optional[str]:
+    """:func:`card_mma` for ``TRITONKIT_FORCE_ARCH``'s arch, where ``environ`` sets one (the pack at load)."""
+    try:
+        arch = parse_arch(environ.get(ARCH_ENV, ""))
+    except ValueError:
+        return None  # effective_arch's callers report a bad value
+    return card_mma(arch, environ)
 
 
 def arch_forced() -> bool:

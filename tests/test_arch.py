@@ -31,6 +31,14 @@ def test_forced_arch_below_90_compiles_without_wgmma(arch, forced, before, after
     assert set_now == (after if before is None else None)
 
 
+def test_a_benchs_simulated_arch_takes_the_same_rule(arch):
+    env = {}
+    assert arch.card_mma(89, env) == "1" and env == {arch.MMA_V3_ENV: "1"}
+    for a, env in ((90, {}), (None, {}), (86, {arch.MMA_V3_ENV: "0"})):
+        before = dict(env)
+        assert arch.card_mma(a, env) is None and env == before
+
+
 def test_triton_honours_the_switch(monkeypatch):
     """The installed Triton compiles the simulated sm89 path's 8-bit kernel for sm90 with wgmma, and with
     mma.sync under DISABLE_MMA_V3=1: what the simulation relies on (CPU cross-compiles)."""
